@@ -1,0 +1,1 @@
+"""Attention operators: tensors in, tensors out (functional cores and thin modules)."""

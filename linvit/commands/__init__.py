@@ -1,0 +1,1 @@
+"""Sub-commands of the ``linvit`` command line (see :mod:`linvit.cli`)."""

@@ -1,0 +1,1 @@
+"""Backbone families, one file each; importing this package registers them with timm."""
