@@ -1,0 +1,65 @@
+"""The pre-norm transformer block shared by the families: (CPE) -> norm -> attention -> norm -> MLP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timm.layers import DropPath, Mlp
+from torch import nn
+
+from linvit.layers.position import ConvPosEnc
+
+
+class TransformerBlock(nn.Module):
+    """x = x + CPE(x); x = x + drop_path(attn(norm1(x), hw)); x = x + drop_path(mlp(norm2(x))).
+
+    ``attention`` is a name understood by :func:`linvit.attention.create_attention` (``"focused"``, ``"window"``,
+    ``"softmax"``, ...) and ``attn_kwargs`` its extra arguments. Tokens are (B, N, C) with N == H * W, hw = (H, W).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention: str = "focused",
+        attn_kwargs: dict[str, Any] | None = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        cpe_kernel_size: int | None = 3,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        act_layer: type[nn.Module] = nn.GELU,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        from linvit.attention import create_attention  # attention sits below layers; imported here to build
+
+        dd = {"device": device, "dtype": dtype}
+        self.attention_name = attention
+        self.cpe = ConvPosEnc(dim, cpe_kernel_size, **dd) if cpe_kernel_size else None
+        self.norm1 = norm_layer(dim, **dd)
+        self.attn = create_attention(
+            attention,
+            dim,
+            num_heads,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            **(attn_kwargs or {}),
+            **dd,
+        )
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        if self.cpe is not None:
+            x = self.cpe(x, hw)
+        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x
