@@ -1,0 +1,246 @@
+"""Semantic segmentation data: a folder of image/mask pairs, paired transforms, and a Lightning DataModule.
+
+Layout (same stems; masks are single-channel PNGs of class indices, 255 = ignore)::
+
+    root/train/images/<stem>.{png,jpg,...}    root/train/masks/<stem>.png
+    root/val/images/...                       root/val/masks/...
+
+A root with ``images/`` and ``masks/`` directly (no splits) is split by ``val_fraction``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = ["IGNORE_INDEX", "IMAGE_EXTENSIONS", "SegmentationFolder", "PairedTransform", "SegmentationDataModule"]
+
+IGNORE_INDEX = 255
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _find_pairs(image_dir: Path, mask_dir: Path) -> list[tuple[Path, Path]]:
+    if not image_dir.is_dir() or not mask_dir.is_dir():
+        raise FileNotFoundError(
+            f"Expected a folder of images at '{image_dir}' and of masks at '{mask_dir}' (same stems, masks as PNG "
+            "class indices). Generate a small example with linvit.dense.synthetic.generate_synthetic_segmentation."
+        )
+    masks = {p.stem: p for p in mask_dir.iterdir() if p.suffix.lower() == ".png"}
+    images = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+    pairs = [(p, masks[p.stem]) for p in images if p.stem in masks]
+    missing = [p.name for p in images if p.stem not in masks]
+    if missing:
+        raise ValueError(f"{len(missing)} image(s) in '{image_dir}' have no mask in '{mask_dir}', e.g. {missing[:3]}.")
+    if not pairs:
+        raise ValueError(f"No image/mask pairs found in '{image_dir}' and '{mask_dir}'.")
+    return pairs
+
+
+class PairedTransform:
+    """Applies the same geometry to an image (float (3, H, W) in [0, 1]) and its mask (int64 (H, W)).
+
+    Training: random scale in ``scale_range``, random crop to ``crop_size`` (padding with 0 / ignore), horizontal
+    flip. Evaluation (``train=False``): resize to ``crop_size`` when given (bilinear image, nearest mask), otherwise
+    keep the native size. Then normalisation by ``mean``/``std``.
+    """
+
+    def __init__(
+        self,
+        crop_size: Sequence[int] | None,
+        train: bool,
+        scale_range: tuple[float, float] = (0.5, 2.0),
+        hflip: bool = True,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        self.crop_size = tuple(crop_size) if crop_size is not None else None
+        self.train = train
+        self.scale_range = scale_range
+        self.hflip = hflip
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    @staticmethod
+    def _resize(image: Tensor, mask: Tensor, size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        image = F.interpolate(image[None], size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+        mask = F.interpolate(mask[None, None].float(), size=size, mode="nearest")[0, 0].long()
+        return image, mask
+
+    def __call__(self, image: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        if self.train and self.crop_size is not None:
+            scale = random.uniform(*self.scale_range)
+            height, width = image.shape[-2:]
+            image, mask = self._resize(image, mask, (max(1, round(height * scale)), max(1, round(width * scale))))
+            crop_h, crop_w = self.crop_size
+            pad_h, pad_w = max(0, crop_h - image.shape[-2]), max(0, crop_w - image.shape[-1])
+            if pad_h or pad_w:
+                image = F.pad(image, (0, pad_w, 0, pad_h), value=0.0)
+                mask = F.pad(mask, (0, pad_w, 0, pad_h), value=IGNORE_INDEX)
+            top = random.randint(0, image.shape[-2] - crop_h)
+            left = random.randint(0, image.shape[-1] - crop_w)
+            image = image[:, top : top + crop_h, left : left + crop_w]
+            mask = mask[top : top + crop_h, left : left + crop_w]
+            if self.hflip and random.random() < 0.5:
+                image, mask = image.flip(-1), mask.flip(-1)
+        elif self.crop_size is not None and tuple(image.shape[-2:]) != self.crop_size:
+            image, mask = self._resize(image, mask, self.crop_size)
+        image = (image - self.mean) / self.std
+        return image.contiguous(), mask.contiguous()
+
+
+class SegmentationFolder(Dataset):
+    """Image/mask pairs from ``image_dir`` and ``mask_dir``; items are (image (3, H, W) float, mask (H, W) int64)."""
+
+    def __init__(
+        self,
+        image_dir: str | os.PathLike,
+        mask_dir: str | os.PathLike,
+        transform: PairedTransform | None = None,
+        num_classes: int | None = None,
+    ) -> None:
+        self.pairs = _find_pairs(Path(image_dir), Path(mask_dir))
+        self.transform = transform
+        self.num_classes = num_classes
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        from PIL import Image
+
+        image_path, mask_path = self.pairs[index]
+        image = np.asarray(Image.open(image_path).convert("RGB"))
+        mask_image = Image.open(mask_path)
+        if mask_image.mode not in ("L", "P", "I", "I;16"):
+            raise ValueError(f"Mask '{mask_path}' has mode {mask_image.mode}; expected one channel of class indices.")
+        mask = np.asarray(mask_image).astype(np.int64)
+        if mask.shape != image.shape[:2]:
+            raise ValueError(f"Mask '{mask_path}' is {mask.shape}, its image is {image.shape[:2]}: sizes must match.")
+        if self.num_classes is not None:
+            bad = (mask >= self.num_classes) & (mask != IGNORE_INDEX)
+            if bad.any():
+                raise ValueError(
+                    f"Mask '{mask_path}' holds class {int(mask[bad].max())} but num_classes={self.num_classes} "
+                    f"(ignore index {IGNORE_INDEX})."
+                )
+        image_tensor = torch.from_numpy(image.copy()).permute(2, 0, 1).float() / 255.0
+        mask_tensor = torch.from_numpy(mask)
+        if self.transform is not None:
+            image_tensor, mask_tensor = self.transform(image_tensor, mask_tensor)
+        return image_tensor, mask_tensor
+
+
+class SegmentationDataModule(LightningDataModule):
+    """A folder of image/mask pairs as train/val loaders (see the module docstring for the layout).
+
+    Args:
+        data_dir: the dataset root.
+        num_classes: classes of the task (masks are checked against it).
+        crop_size: (H, W) of training crops and of the evaluation resize; ``None`` evaluates at native size
+            (then use ``eval_batch_size=1`` unless all images share one size).
+        batch_size, eval_batch_size, num_workers: loader options.
+        scale_range, hflip: training augmentation.
+        val_fraction: share held out for validation when ``data_dir`` has no ``train``/``val`` split.
+        synthetic: when set and ``data_dir`` has no data, generate the synthetic shapes task there first with these
+            options (``num_train``, ``num_val``, ``size``, ``seed``); see :mod:`linvit.dense.synthetic`.
+        mean, std: normalisation.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        num_classes: int,
+        crop_size: Sequence[int] | None = (96, 128),
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        scale_range: Sequence[float] = (0.5, 2.0),
+        hflip: bool = True,
+        val_fraction: float = 0.1,
+        synthetic: dict[str, Any] | None = None,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir)
+        self.num_classes = num_classes
+        self.crop_size = tuple(crop_size) if crop_size is not None else None
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.synthetic = dict(synthetic) if synthetic else None
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def prepare_data(self) -> None:
+        if self.synthetic is not None and not (self.data_dir / "train" / "images").is_dir():
+            from linvit.dense.synthetic import generate_synthetic_segmentation
+
+            generate_synthetic_segmentation(self.data_dir, num_classes=self.num_classes, **self.synthetic)
+
+    def _transforms(self, train: bool) -> PairedTransform:
+        return PairedTransform(
+            self.crop_size,
+            train=train,
+            scale_range=tuple(self.hparams.scale_range),
+            hflip=self.hparams.hflip,
+            mean=self.hparams.mean,
+            std=self.hparams.std,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        root = self.data_dir
+        if (root / "train").is_dir():
+            self.train_set = SegmentationFolder(
+                root / "train" / "images", root / "train" / "masks", self._transforms(True), self.num_classes
+            )
+            val_root = root / "val" if (root / "val").is_dir() else root / "train"
+            self.val_set = SegmentationFolder(
+                val_root / "images", val_root / "masks", self._transforms(False), self.num_classes
+            )
+            return
+        train_full = SegmentationFolder(root / "images", root / "masks", self._transforms(True), self.num_classes)
+        val_full = SegmentationFolder(root / "images", root / "masks", self._transforms(False), self.num_classes)
+        order = list(range(len(train_full)))
+        random.Random(self.hparams.seed).shuffle(order)
+        num_val = max(1, math.floor(len(order) * self.hparams.val_fraction))
+        self.train_set = torch.utils.data.Subset(train_full, order[num_val:])
+        self.val_set = torch.utils.data.Subset(val_full, order[:num_val])
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=len(self.train_set) > self.batch_size,
+            num_workers=self.num_workers,
+            generator=generator,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.val_set,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

@@ -1,0 +1,155 @@
+"""Lightning module for semantic segmentation on any linvit/timm backbone (cross-entropy, mIoU from torchmetrics).
+
+Hydra: ``configs/model/seg_*.yaml`` sets ``_target_: linvit.dense.seg_module.SegmentationModule``; ``train.py``
+instantiates it with the DataModule from ``configs/data/seg_*.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor
+from torchmetrics.classification import MulticlassJaccardIndex
+
+from linvit.dense.seg_data import IGNORE_INDEX
+from linvit.dense.segmentation import create_segmentation_model
+
+__all__ = ["SegmentationModule"]
+
+OPTIMIZER_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "weight_decay": 0.01, "backbone_lr_mult": 1.0, "betas": (0.9, 0.999)}
+SCHEDULER_DEFAULTS: dict[str, Any] = {"warmup_fraction": 0.05, "min_lr_ratio": 0.01}
+
+
+def _merged(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) -> dict[str, Any]:
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise TypeError(f"Unknown {what} option(s) {unknown}; expected some of {sorted(defaults)}.")
+    return {**defaults, **given}
+
+
+class _WarmupCosine:
+    """lr factor at optimizer step ``t``: linear warm-up then cosine to ``min_ratio`` (a class so it pickles)."""
+
+    def __init__(self, total_steps: int, warmup_steps: int, min_ratio: float) -> None:
+        self.total_steps, self.warmup_steps, self.min_ratio = max(1, total_steps), warmup_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class SegmentationModule(LightningModule):
+    """Semantic segmentation: ``create_segmentation_model(backbone, num_classes, head, ...)`` + CE loss + mIoU.
+
+    Args:
+        backbone: timm model name (``linvit_nano``, ``convnext_atto``, ...).
+        num_classes: classes (from the DataModule: ``${data.num_classes}``).
+        head: ``"fpn"`` (Semantic FPN) or ``"upernet"``.
+        channels: head width.
+        pretrained, checkpoint: backbone weights (timm default / a local file).
+        backbone_kwargs: extra ``timm.create_model`` arguments (``drop_path_rate``, ...).
+        optimizer: AdamW ``lr``, ``weight_decay``, ``betas``, ``backbone_lr_mult`` (backbone lr = lr × mult).
+        scheduler: ``warmup_fraction`` of all steps, ``min_lr_ratio``; warm-up + cosine per step.
+        ignore_index: mask value excluded from loss and metric.
+        class_names: optional names for the per-class IoU logged at validation end.
+    """
+
+    def __init__(
+        self,
+        backbone: str,
+        num_classes: int,
+        head: str = "fpn",
+        channels: int = 128,
+        pretrained: bool = False,
+        checkpoint: str | None = None,
+        backbone_kwargs: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        class_names: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.optimizer_cfg = _merged(OPTIMIZER_DEFAULTS, optimizer, "optimizer")
+        self.scheduler_cfg = _merged(SCHEDULER_DEFAULTS, scheduler, "scheduler")
+        self.num_classes = int(num_classes)
+        self.ignore_index = int(ignore_index)
+        self.class_names = list(class_names) if class_names else [str(i) for i in range(self.num_classes)]
+        self.model = create_segmentation_model(
+            backbone,
+            self.num_classes,
+            head=head,
+            channels=channels,
+            pretrained=pretrained,
+            checkpoint=checkpoint,
+            **dict(backbone_kwargs or {}),
+        )
+        self.val_miou = MulticlassJaccardIndex(self.num_classes, ignore_index=self.ignore_index, average="macro")
+        self.val_iou = MulticlassJaccardIndex(self.num_classes, ignore_index=self.ignore_index, average="none")
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def _loss(self, logits: Tensor, masks: Tensor) -> Tensor:
+        if bool((masks != self.ignore_index).any()):
+            return F.cross_entropy(logits.float(), masks, ignore_index=self.ignore_index)
+        return logits.sum() * 0.0  # a crop of only ignored pixels: no signal, but keep the graph
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        images, masks = batch
+        loss = self._loss(self(images), masks)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(images))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        images, masks = batch
+        logits = self(images)
+        loss = self._loss(logits, masks)
+        predictions = logits.argmax(1)
+        self.val_miou.update(predictions, masks)
+        self.val_iou.update(predictions, masks)
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, batch_size=len(images), sync_dist=True)
+        self.log("val/mIoU", self.val_miou, prog_bar=True, on_epoch=True, batch_size=len(images))
+
+    def on_validation_epoch_end(self) -> None:
+        per_class = self.val_iou.compute()
+        for name, value in zip(self.class_names, per_class):
+            self.log(f"val/IoU_{name}", value)
+        self.val_iou.reset()
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        images = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return self(images).argmax(1)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optimizer_cfg
+        lr, backbone_lr = float(cfg["lr"]), float(cfg["lr"]) * float(cfg["backbone_lr_mult"])
+        groups: dict[str, dict[str, Any]] = {}
+        for name, parameter in self.model.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            part = "backbone" if name.startswith("backbone.") else "head"
+            decay = "no_decay" if parameter.ndim <= 1 else "decay"  # norms and biases: no weight decay
+            group = groups.setdefault(
+                f"{part}_{decay}",
+                {
+                    "params": [],
+                    "lr": backbone_lr if part == "backbone" else lr,
+                    "weight_decay": 0.0 if decay == "no_decay" else float(cfg["weight_decay"]),
+                },
+            )
+            group["params"].append(parameter)
+        optimizer = torch.optim.AdamW(list(groups.values()), lr=lr, betas=tuple(cfg["betas"]))
+        total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
+        warmup = int(round(self.scheduler_cfg["warmup_fraction"] * total))
+        schedule = _WarmupCosine(total, min(warmup, max(0, total - 1)), float(self.scheduler_cfg["min_lr_ratio"]))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
