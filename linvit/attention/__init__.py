@@ -1,1 +1,62 @@
-"""Attention operators: tensors in, tensors out (functional cores and thin modules)."""
+"""Attention operators: tensors in, tensors out (functional cores and thin modules).
+
+Every module has `forward(x, hw)` with tokens x (B, N, C), hw = (H, W), N == H * W, and returns (B, N, C); any H and
+W work (non-square, odd, not a multiple of the window). `create_attention(name, dim, num_heads, **kwargs)` builds
+any of them by a name from `ATTENTION_NAMES`.
+"""
+
+from timm.layers import register_notrace_module
+
+from linvit.attention.factory import ATTENTION_NAMES, create_attention
+from linvit.attention.feature_maps import (
+    KERNEL_NAMES,
+    ELUFeatureMap,
+    FavorFeatureMap,
+    FocusedFeatureMap,
+    ReLUFeatureMap,
+    TaylorFeatureMap,
+    create_feature_map,
+    elu_feature_map,
+    favor_feature_map,
+    focused_feature_map,
+    orthogonal_random_projection,
+    relu_feature_map,
+    taylor_feature_map,
+)
+from linvit.attention.focused import FocusedLinearAttention, resize_positional_table
+from linvit.attention.hybrid import HybridAttention
+from linvit.attention.linear import linear_attention, linear_attention_tokens
+from linvit.attention.softmax import GlobalAttention
+from linvit.attention.window import WindowAttention
+
+# timm's FX feature extraction (features_only / create_feature_extractor) traces backbones whose (H, W) come from
+# traced shapes; the attentions branch on those sizes (window clamping, padding), so timm keeps them as leaves.
+# With concrete sizes they also trace through (torch.fx.symbolic_trace), see tests/attention.
+for _module in (FocusedLinearAttention, WindowAttention, GlobalAttention, HybridAttention):
+    register_notrace_module(_module)
+del _module
+
+__all__ = [
+    "ATTENTION_NAMES",
+    "KERNEL_NAMES",
+    "create_attention",
+    "linear_attention",
+    "linear_attention_tokens",
+    "relu_feature_map",
+    "elu_feature_map",
+    "focused_feature_map",
+    "taylor_feature_map",
+    "favor_feature_map",
+    "orthogonal_random_projection",
+    "create_feature_map",
+    "ReLUFeatureMap",
+    "ELUFeatureMap",
+    "FocusedFeatureMap",
+    "TaylorFeatureMap",
+    "FavorFeatureMap",
+    "FocusedLinearAttention",
+    "WindowAttention",
+    "GlobalAttention",
+    "HybridAttention",
+    "resize_positional_table",
+]

@@ -1,0 +1,82 @@
+"""Token-grid helpers shared by the windowed attentions: checks, clamping, padding, partition and reverse.
+
+Sizes (H, W, window) are Python ints taken from `hw`, never from traced tensor shapes, so the helpers trace under FX
+when `hw` is concrete. Functions whose control flow depends on the sizes are wrapped with `torch.fx.wrap` by the
+modules that call them.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "check_token_grid",
+    "clamp_window",
+    "to_pair",
+    "pad_grid",
+    "window_partition",
+    "window_reverse",
+    "padding_valid_map",
+]
+
+
+def to_pair(size, name: str) -> tuple[int, int]:
+    """An int or an (h, w) pair as a tuple of two positive ints (construction-time helper)."""
+    if isinstance(size, int):
+        pair = (size, size)
+    else:
+        pair = tuple(int(s) for s in size)
+    if len(pair) != 2 or pair[0] < 1 or pair[1] < 1:
+        raise ValueError(f"{name} must be a positive int or a pair (h, w) of positive ints, got {size!r}.")
+    return pair[0], pair[1]
+
+
+def check_token_grid(x: Tensor, hw: tuple[int, int]) -> Tensor:
+    """Return x after checking it is (B, N, C) with N == H * W; raises ValueError otherwise."""
+    if x.dim() != 3:
+        raise ValueError(
+            f"Attention expects tokens (B, N, C), got shape {x.shape}; flatten a (B, C, H, W) map with "
+            "x.flatten(2).transpose(1, 2) and pass hw=(H, W)."
+        )
+    if x.shape[1] != hw[0] * hw[1]:
+        raise ValueError(
+            f"hw={tuple(hw)} gives {hw[0] * hw[1]} tokens but x has N={x.shape[1]}; pass the (H, W) of the token map "
+            "x was flattened from (N must equal H * W)."
+        )
+    return x
+
+
+def clamp_window(window: tuple[int, int], hw: tuple[int, int]) -> tuple[int, int]:
+    """The window clamped to the map, per dimension (a map smaller than the window is one window)."""
+    return min(window[0], hw[0]), min(window[1], hw[1])
+
+
+def pad_grid(x: Tensor, pad_h: int, pad_w: int) -> Tensor:
+    """Zero-pad a (B, H, W, C) grid at the bottom and right."""
+    if pad_h == 0 and pad_w == 0:
+        return x
+    return F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+
+
+def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
+    """(B, H, W, C) with H, W multiples of the window -> (B * num_windows, wh * ww, C), windows row-major."""
+    _, height, width, channels = x.shape
+    wh, ww = window
+    x = x.view(-1, height // wh, wh, width // ww, ww, channels)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, wh * ww, channels)
+
+
+def window_reverse(windows: Tensor, window: tuple[int, int], hw: tuple[int, int]) -> Tensor:
+    """Inverse of `window_partition`: (B * num_windows, wh * ww, C) -> (B, H, W, C)."""
+    wh, ww = window
+    height, width = hw
+    channels = windows.shape[-1]
+    x = windows.view(-1, height // wh, width // ww, wh, ww, channels)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, height, width, channels)
+
+
+def padding_valid_map(hw: tuple[int, int], padded_hw: tuple[int, int], device: torch.device) -> Tensor:
+    """(1, Hp, Wp, 1) bool: True on the real map, False on the bottom/right padding."""
+    rows = torch.arange(padded_hw[0], device=device) < hw[0]
+    cols = torch.arange(padded_hw[1], device=device) < hw[1]
+    return (rows.view(1, -1, 1, 1) & cols.view(1, 1, -1, 1)).contiguous()

@@ -1,0 +1,272 @@
+"""Kernel feature maps φ for linear attention, so that exp(q·k) or a similarity is replaced by φ(q)·φ(k).
+
+Functional forms work on any (..., d) tensor. The modules share one call signature,
+`forward(x, is_query) -> features`, on token tensors (B, N, heads, d) -> (B, N, heads, m), so that an attention
+module can hold any of them. The focused map's learnable temperature `scale` lives on `FocusedLinearAttention`
+itself (it is a checkpoint key there), so the focused module here is the temperature-free map.
+"""
+
+import math
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linvit.attention._numerics import at_least_float32, full_precision_bmm
+
+__all__ = [
+    "KERNEL_NAMES",
+    "relu_feature_map",
+    "elu_feature_map",
+    "focused_feature_map",
+    "focused_feature_parts",
+    "taylor_feature_map",
+    "favor_feature_map",
+    "orthogonal_random_projection",
+    "ReLUFeatureMap",
+    "ELUFeatureMap",
+    "FocusedFeatureMap",
+    "TaylorFeatureMap",
+    "FavorFeatureMap",
+    "create_feature_map",
+]
+
+KERNEL_NAMES = ("focused", "relu", "elu", "favor", "taylor")
+
+# FX: record the float32 product as a call (its autocast guard needs a concrete device).
+torch.fx.wrap("full_precision_bmm")
+
+
+def relu_feature_map(x: Tensor) -> Tensor:
+    """φ(x) = relu(x) (EfficientViT / "plain" linear attention)."""
+    return F.relu(x)
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); strictly positive."""
+    return F.elu(x) + 1.0
+
+
+def _power(x: Tensor, p: float) -> Tensor:
+    # Integer powers as products: exact, and one or two cheap passes instead of a pow kernel with exp/log.
+    if p == 3.0:
+        return x * x * x
+    if p == 2.0:
+        return x * x
+    if p == 1.0:
+        return x
+    return x.pow(p)
+
+
+def focused_feature_parts(
+    x: Tensor, scale: Tensor | None, focusing_factor: float = 3.0, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """The focused map split as φ(x) = x_p · α, with α a per-token factor (..., 1).
+
+    x_p = ((relu(x) + eps) / softplus(scale))^p elementwise and α = ‖x'‖ / ‖x'^p‖ with the norms over the last
+    dimension (all C channels of a token, before any head split). Returning α separately lets the attention fold it
+    into the small per-token normaliser instead of rescaling the whole tensor.
+    """
+    x = F.relu(x) + eps
+    if scale is not None:
+        x = x / F.softplus(scale)
+    norm = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True)
+    x_p = _power(x, focusing_factor)
+    return x_p, norm / torch.linalg.vector_norm(x_p, ord=2, dim=-1, keepdim=True)
+
+
+def focused_feature_map(
+    x: Tensor, scale: Tensor | None = None, focusing_factor: float = 3.0, eps: float = 1e-6
+) -> Tensor:
+    """Focused map of FLatten: f_p((relu(x) + eps) / softplus(scale)), f_p(y) = ‖y‖/‖y^p‖ · y^p.
+
+    Args:
+        x: (..., C) tokens; norms are over the last dimension (all channels, before the head split).
+        scale: learnable temperature parameter broadcastable to x (the authors' (1, 1, C)), or None for none.
+        focusing_factor: the power p (3 in every published model).
+        eps: added after the ReLU (the authors' 1e-6), keeping every feature strictly positive.
+    """
+    x_p, factor = focused_feature_parts(x, scale, focusing_factor, eps)
+    return x_p * factor
+
+
+def taylor_feature_map(x: Tensor) -> Tensor:
+    """Second-order Taylor features [1, x, vec(x xᵀ)/√2], (..., d) -> (..., 1 + d + d²).
+
+    φ(x)·φ(y) = 1 + x·y + (x·y)²/2 exactly, the second-order expansion of exp(x·y); it is ≥ 1/2, so the
+    normaliser never vanishes.
+    """
+    ones = torch.ones_like(x[..., :1])
+    outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) * (0.5**0.5)
+    return torch.cat([ones, x, outer], dim=-1)
+
+
+def favor_feature_map(x: Tensor, projection: Tensor, is_query: bool, eps: float = 1e-6) -> Tensor:
+    """Positive orthogonal random features (FAVOR+, Performer): φ(x) = exp(wᵀx − ‖x‖²/2 − c) / √m + eps.
+
+    E[φ(q)·φ(k)] ∝ exp(q·k). The stabiliser c is the row maximum for queries and the maximum over all keys of a
+    (batch, head) for keys: both cancel in the normalised attention (up to eps), and keep exp from overflowing.
+
+    Args:
+        x: (B, N, heads, d), already scaled (the attention uses d**-0.25 so that φ(q)·φ(k) ≈ exp(q·k/√d)).
+        projection: (m, d) random directions.
+        is_query: selects the stabiliser.
+    """
+    x = at_least_float32(x)
+    wx = full_precision_bmm(x, projection.to(x.dtype).t())  # (B, N, h, m), float32 even under autocast
+    half_sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)
+    if is_query:
+        stabiliser = wx.amax(dim=-1, keepdim=True)
+    else:
+        stabiliser = wx.amax(dim=-1, keepdim=True).amax(dim=1, keepdim=True)  # over all keys of a (batch, head)
+    return torch.exp(wx - half_sq_norm - stabiliser.detach()) * (projection.shape[0] ** -0.5) + eps
+
+
+def orthogonal_random_projection(
+    num_features: int, dim: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(num_features, dim) Gaussian directions, orthogonal within each block of `dim` rows, with chi-distributed norms.
+
+    Built on the CPU (for a reproducible generator), in float64 for the QR, then cast.
+    """
+    blocks = []
+    remaining = num_features
+    while remaining > 0:
+        gaussian = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        q, _ = torch.linalg.qr(gaussian)
+        rows = min(remaining, dim)
+        blocks.append(q.t()[:rows])
+        remaining -= rows
+    directions = torch.cat(blocks, dim=0)
+    norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(p=2, dim=1, keepdim=True)
+    return (directions * norms).to(dtype)
+
+
+class ReLUFeatureMap(nn.Module):
+    """φ(x) = relu(x) elementwise; (B, N, heads, d) -> same shape."""
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        return relu_feature_map(x)
+
+
+class ELUFeatureMap(nn.Module):
+    """φ(x) = elu(x) + 1 elementwise; (B, N, heads, d) -> same shape."""
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        return elu_feature_map(x)
+
+
+class FocusedFeatureMap(nn.Module):
+    """Temperature-free focused map on (B, N, heads, d): norms over all heads·d channels of a token.
+
+    `FocusedLinearAttention` does not use this module (it holds the learnable `scale` and runs a fused path); it is
+    here for users who want the focused kernel elsewhere.
+    """
+
+    def __init__(self, focusing_factor: float = 3.0, eps: float = 1e-6):
+        super().__init__()
+        self.focusing_factor = float(focusing_factor)
+        self.eps = eps
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        flat = x.flatten(-2)
+        return focused_feature_map(flat, None, self.focusing_factor, self.eps).view_as(x)
+
+
+class TaylorFeatureMap(nn.Module):
+    """Second-order Taylor features of x·d**-0.25: φ(q)·φ(k) = 1 + s + s²/2 with s = q·k/√d.
+
+    (B, N, heads, d) -> (B, N, heads, 1 + d + d²). Costly for large d (d = 32 gives 1057 features).
+    """
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+        self.input_scale = head_dim**-0.25
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        return taylor_feature_map(x * self.input_scale)
+
+
+class FavorFeatureMap(nn.Module):
+    """FAVOR+ positive orthogonal random features approximating softmax attention exp(q·k/√d).
+
+    Holds the (num_features, head_dim) projection as a buffer `projection` (saved in the state dict so a trained
+    model keeps its features). Call `redraw_features()` to draw new ones (e.g. every few hundred steps during
+    training, as Performer does); redrawing is never done implicitly in `forward`, so forward is deterministic and
+    scriptable.
+
+    Args:
+        head_dim: d.
+        num_features: m; default round(d · ln d) as in Performer (at least d).
+        seed: seed of the initial draw (None = from the global generator).
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_features: int | None = None,
+        seed: int | None = 0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if num_features is None:
+            num_features = max(head_dim, int(round(head_dim * math.log(max(head_dim, 2)))))
+        self.head_dim = head_dim
+        self.num_features = num_features
+        self.input_scale = head_dim**-0.25
+        self.register_buffer("projection", torch.empty(num_features, head_dim, device=device, dtype=dtype))
+        generator = None
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        self.redraw_features(generator)
+
+    @torch.jit.unused
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Draw a new orthogonal random projection in place (a no-op on the meta device)."""
+        if self.projection.device.type == "meta":
+            return
+        fresh = orthogonal_random_projection(self.num_features, self.head_dim, generator)
+        with torch.no_grad():
+            self.projection.copy_(fresh.to(self.projection.device, self.projection.dtype))
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        return favor_feature_map(x * self.input_scale, self.projection, is_query)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, num_features={self.num_features}"
+
+
+def create_feature_map(
+    kernel: str,
+    head_dim: int,
+    focusing_factor: float = 3.0,
+    num_features: int | None = None,
+    device=None,
+    dtype=None,
+) -> nn.Module:
+    """Feature-map module by name: one of `KERNEL_NAMES`."""
+    if kernel == "focused":
+        return FocusedFeatureMap(focusing_factor)
+    if kernel == "relu":
+        return ReLUFeatureMap()
+    if kernel == "elu":
+        return ELUFeatureMap()
+    if kernel == "taylor":
+        return TaylorFeatureMap(head_dim)
+    if kernel == "favor":
+        return FavorFeatureMap(head_dim, num_features, device=device, dtype=dtype)
+    raise ValueError(f"Unknown kernel {kernel!r}; valid kernels are {', '.join(KERNEL_NAMES)}.")
+
+
+def feature_dim(kernel: str, head_dim: int, num_features: int | None = None) -> int:
+    """Width m of φ for one head."""
+    if kernel == "taylor":
+        return 1 + head_dim + head_dim * head_dim
+    if kernel == "favor":
+        if num_features is None:
+            return max(head_dim, int(round(head_dim * math.log(max(head_dim, 2)))))
+        return num_features
+    return head_dim

@@ -1,0 +1,309 @@
+"""FocusedLinearAttention: the FLatten operator (Han et al., ICCV 2023), for any map size, global or windowed.
+
+Per (window of the) map, with x (B, N, C):
+    q, k, v = qkv(x);  k = k + P                      (P: positional encoding on k only)
+    q, k = f_p((relu(·) + 1e-6) / softplus(scale))     (focused map, norms over all C channels)
+    o = (q S) z,  S = kᵀv / N,  z = 1 / (q · mean_N(k) + 1e-6)    (per head, mean form, float32)
+    o = o + DWC(v)                                      (one depthwise k×k conv shared by all heads)
+    out = proj(o)
+
+Layout: everything stays (B, N, C). The heads never get their own copy: the per-head products run as block-diagonal
+GEMMs on the packed channels (`linear_attention_tokens`), and the shared per-head DWC runs as one depthwise conv over
+all C channels with the (d, 1, k, k) kernel tiled over the heads, on a channels-last view of v. Both are exactly the
+per-head computation of the reference, without its permute/contiguous copies.
+"""
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linvit.attention._numerics import at_least_float32
+from linvit.attention._windows import (
+    check_token_grid,
+    clamp_window,
+    pad_grid,
+    padding_valid_map,
+    to_pair,
+    window_partition,
+    window_reverse,
+)
+from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map, focused_feature_parts
+from linvit.attention.linear import linear_attention_tokens
+
+__all__ = ["FocusedLinearAttention", "POS_ENCODINGS", "resize_positional_table"]
+
+POS_ENCODINGS = ("learnable", "conv", "none")
+
+# Functions FX should record as single calls: size checks (control flow on sizes), device-dependent constants and the
+# float32 cores (their autocast guard needs a concrete device).
+torch.fx.wrap("check_token_grid")
+torch.fx.wrap("padding_valid_map")
+
+
+def resize_positional_table(table: Tensor, table_size: tuple[int, int], size: tuple[int, int]) -> Tensor:
+    """(1, th*tw, C) positional table for a (th, tw) grid -> (1, h*w, C) for an (h, w) grid.
+
+    Bicubic interpolation (align_corners=False) in float32, the convention of timm and of the FLatten checkpoints'
+    resolution changes; the table is returned unchanged when the sizes agree.
+    """
+    if table_size[0] == size[0] and table_size[1] == size[1]:
+        return table
+    channels = table.shape[-1]
+    image = table.reshape(1, table_size[0], table_size[1], channels).permute(0, 3, 1, 2).float()
+    image = F.interpolate(image, size=(size[0], size[1]), mode="bicubic", align_corners=False)
+    return image.permute(0, 2, 3, 1).reshape(1, size[0] * size[1], channels).to(table.dtype)
+
+
+def _focused_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: Tensor,
+    num_heads: int,
+    focusing_factor: float,
+    key_mask: Tensor | None,
+    eps: float,
+) -> Tensor:
+    q = at_least_float32(q)
+    k = at_least_float32(k)
+    v = at_least_float32(v)
+    scale = at_least_float32(scale)
+    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor)
+    k_p, k_factor = focused_feature_parts(k, scale, focusing_factor)
+    return linear_attention_tokens(q_p, k_p * k_factor, v, num_heads, key_mask, q_factor, eps)
+
+
+@torch.fx.wrap
+def focused_linear_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: Tensor,
+    num_heads: int,
+    focusing_factor: float,
+    key_mask: Tensor | None,
+    eps: float,
+) -> Tensor:
+    """Focused map + linear attention on (B, N, C) tokens, in float32 with autocast off; returns float32."""
+    if torch.jit.is_scripting():
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps)
+
+
+@torch.fx.wrap
+def mapped_linear_core(q: Tensor, k: Tensor, v: Tensor, num_heads: int, key_mask: Tensor | None, eps: float):
+    """Linear attention on mapped (B, N, heads·m) tokens, in float32 with autocast off; returns float32."""
+    if torch.jit.is_scripting():
+        return linear_attention_tokens(q, k, v, num_heads, key_mask, None, eps)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return linear_attention_tokens(q, k, v, num_heads, key_mask, None, eps)
+
+
+class FocusedLinearAttention(nn.Module):
+    """Focused linear attention (FLatten) and its kernel relatives, global or in windows, for any (H, W).
+
+    With the defaults the state dict matches the FLatten authors' checkpoints: `qkv.*`, `proj.*`, `scale` (1, 1, C),
+    `positional_encoding` (1, pos_h*pos_w, C), `dwc.weight` (d, 1, k, k), `dwc.bias` (d,), d = C // num_heads.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h (C must be divisible by h).
+        qkv_bias: bias in the qkv projection.
+        attn_drop: accepted for interface parity with softmax attention; linear attention has no attention matrix
+            to drop from, so it is unused (as in the authors' code).
+        proj_drop: dropout after the output projection.
+        kernel: feature map φ: "focused" (FLatten: ReLU, learnable temperature softplus(scale), focusing power p),
+            "relu", "elu" (elu+1), "favor" (FAVOR+ positive random features; buffer `feature_map.projection`,
+            redraw with `redraw_features()`), "taylor" (second-order Taylor features, 1 + d + d² wide).
+            Only "focused" has the `scale` parameter.
+        focusing_factor: p of the focused map (3 in every published model).
+        dwc_kernel_size: size k of the depthwise conv on v shared by the heads (odd); 0 or None for no DWC.
+        pos_encoding: "learnable": a zero-initialised table added to k, sized `pos_size` and resized bicubically to
+            the window / map when they differ; "conv": a depthwise 3×3 conv of k (as an image) added to k,
+            resolution-free (module `positional_conv`); "none".
+        pos_size: (h, w) grid of the learnable table; defaults to the window size. Required for a global
+            learnable table (the token grid at the training resolution, e.g. (56, 56) for stage 1 at 224).
+        window_size: None = global attention over the whole map; an int or (h, w) = non-overlapping windows. The
+            window is clamped to the map per dimension (a smaller map is one global window, as FLatten-Swin does at
+            224 with window 56); the map is zero-padded to a multiple of the window and the padded keys are masked
+            out of S and z, so padding takes no part.
+        num_random_features: FAVOR+ feature count m (default d·ln d).
+        eps: added to the normaliser q·mean(k) (the authors' 1e-6).
+        with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
+            the (B, N, C) output before projection (for HybridAttention, which shares one qkv between branches).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        kernel: str = "focused",
+        focusing_factor: float = 3.0,
+        dwc_kernel_size: int | None = 5,
+        pos_encoding: str = "learnable",
+        pos_size=None,
+        window_size=None,
+        *,
+        num_random_features: int | None = None,
+        eps: float = 1e-6,
+        with_projections: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
+                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
+            )
+        if kernel not in KERNEL_NAMES:
+            raise ValueError(f"Unknown kernel {kernel!r}; valid kernels are {', '.join(KERNEL_NAMES)}.")
+        if pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f"Unknown pos_encoding {pos_encoding!r}; valid values are {', '.join(POS_ENCODINGS)}.")
+        if dwc_kernel_size and dwc_kernel_size % 2 == 0:
+            raise ValueError(f"dwc_kernel_size must be odd (same-size output), got {dwc_kernel_size}; e.g. use 5.")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kernel = kernel
+        self.focusing_factor = float(focusing_factor)
+        self.eps = eps
+        self.window_size: tuple[int, int] | None = None
+        if window_size is not None:
+            self.window_size = to_pair(window_size, "window_size")
+
+        if with_projections:
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+            self.proj = nn.Linear(dim, dim, **dd)
+        else:
+            self.qkv = nn.Identity()
+            self.proj = nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+        if kernel == "focused":
+            self.scale = nn.Parameter(torch.zeros(1, 1, dim, **dd))
+            self.feature_map = None
+        else:
+            self.register_parameter("scale", None)
+            self.feature_map = create_feature_map(
+                kernel, self.head_dim, self.focusing_factor, num_random_features, **dd
+            )
+
+        self.pos_encoding = pos_encoding
+        self.pos_size: tuple[int, int] | None = None
+        self.positional_conv = None
+        if pos_encoding == "learnable":
+            if pos_size is None:
+                if self.window_size is None:
+                    raise ValueError(
+                        "pos_encoding='learnable' with global attention needs pos_size=(h, w), the token grid at "
+                        "the training resolution (e.g. (56, 56)); or use pos_encoding='conv' or 'none'."
+                    )
+                pos_size = self.window_size
+            self.pos_size = to_pair(pos_size, "pos_size")
+            self.positional_encoding = nn.Parameter(torch.zeros(1, self.pos_size[0] * self.pos_size[1], dim, **dd))
+        else:
+            self.register_parameter("positional_encoding", None)
+            if pos_encoding == "conv":
+                self.positional_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd)
+
+        self.dwc_padding = 0
+        if dwc_kernel_size:
+            self.dwc = nn.Conv2d(
+                self.head_dim, self.head_dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=self.head_dim, **dd
+            )
+            self.dwc_padding = dwc_kernel_size // 2
+        else:
+            self.dwc = None
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
+        x = check_token_grid(x, hw)
+        window = self.window_size
+        if window is None:
+            out = self._attend(x, hw, None)
+        else:
+            out = self._attend_windows(x, hw, window)
+        return self.proj_drop(self.proj(out))
+
+    def _attend_windows(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> Tensor:
+        height, width = hw
+        window = clamp_window(window, hw)
+        if window[0] == height and window[1] == width:
+            return self._attend(x, hw, None)
+        pad_h = (window[0] - height % window[0]) % window[0]
+        pad_w = (window[1] - width % window[1]) % window[1]
+        padded_hw = (height + pad_h, width + pad_w)
+        channels = x.shape[-1]
+        grid = pad_grid(x.view(-1, height, width, channels), pad_h, pad_w)
+        windows = window_partition(grid, window)  # (B * nW, wh * ww, C)
+        key_mask: Tensor | None = None
+        if pad_h > 0 or pad_w > 0:
+            valid = window_partition(padding_valid_map(hw, padded_hw, x.device), window)  # (nW, n, 1)
+            key_mask = valid.squeeze(-1).repeat(x.shape[0], 1)  # (B * nW, n), batch-major like `windows`
+        out = self._attend(windows, window, key_mask)
+        out = window_reverse(out, window, padded_hw)[:, :height, :width, :]
+        return out.reshape(-1, height * width, out.shape[-1])
+
+    def _attend(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid, before the projection."""
+        qkv = self.qkv(x)
+        q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)
+        k = self._add_positional_encoding(k, grid, key_mask)
+        if self.feature_map is None:
+            out = focused_linear_core(q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps)
+        else:
+            heads = (self.num_heads, self.head_dim)
+            q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True).flatten(2)
+            k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False).flatten(2)
+            out = mapped_linear_core(q_mapped, k_mapped, v, self.num_heads, key_mask, self.eps)
+        out = out.to(v.dtype)
+        if self.dwc is not None:
+            out = out + self._depthwise_conv_values(v, grid, key_mask)
+        return out
+
+    def _add_positional_encoding(self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        if self.positional_encoding is not None:
+            table = resize_positional_table(self.positional_encoding, self.pos_size, grid)
+            return k + table.to(k.dtype)
+        if self.positional_conv is not None:
+            if key_mask is not None:
+                k = k * key_mask.unsqueeze(-1).to(k.dtype)  # padded tokens read as zeros, like the conv's padding
+            image = k.reshape(-1, grid[0], grid[1], self.dim).permute(0, 3, 1, 2)
+            position = self.positional_conv(image).permute(0, 2, 3, 1).reshape(-1, grid[0] * grid[1], self.dim)
+            return k + position
+        return k
+
+    def _depthwise_conv_values(self, v: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """DWC(v) with one (d, 1, k, k) conv shared by the heads, as one depthwise conv over all C channels.
+
+        Channel c = head·d + j of v uses kernel j: tiling the kernel h times equals running the shared conv on each
+        head's (d, gh, gw) image, without the (B·h, d, gh, gw) copy. In windowed mode the conv runs per window (as
+        the authors do: their linear blocks see one window at a time), with the window's padded tokens zeroed so
+        they act like the conv's own zero padding.
+        """
+        dwc = self.dwc
+        assert dwc is not None
+        if key_mask is not None:
+            v = v * key_mask.unsqueeze(-1).to(v.dtype)
+        image = v.reshape(-1, grid[0], grid[1], self.dim).permute(0, 3, 1, 2)  # (B', C, gh, gw), channels-last
+        weight = dwc.weight.repeat(self.num_heads, 1, 1, 1)
+        bias = dwc.bias
+        if bias is not None:
+            bias = bias.repeat(self.num_heads).to(image.dtype)
+        out = F.conv2d(image, weight.to(image.dtype), bias, padding=self.dwc_padding, groups=self.dim)
+        return out.permute(0, 2, 3, 1).reshape(-1, grid[0] * grid[1], self.dim)
+
+    def extra_repr(self) -> str:
+        window = "global" if self.window_size is None else f"window_size={self.window_size}"
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, kernel={self.kernel}, "
+            f"focusing_factor={self.focusing_factor}, pos_encoding={self.pos_encoding}, {window}"
+        )

@@ -1,0 +1,62 @@
+"""GlobalAttention: multi-head softmax attention over all tokens, for low-resolution stages."""
+
+import torch.fx
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linvit.attention._windows import check_token_grid
+
+__all__ = ["GlobalAttention"]
+
+torch.fx.wrap("check_token_grid")
+
+
+class GlobalAttention(nn.Module):
+    """softmax(q kᵀ / √d) v over all N tokens through `F.scaled_dot_product_attention` (flash / memory-efficient
+    kernels where the device has them). O(N²): meant for low-resolution stages. State dict: `qkv.*`, `proj.*`.
+
+    Args:
+        dim: channels C.
+        num_heads: heads (C must be divisible by it).
+        qkv_bias: bias in the qkv projection.
+        attn_drop: dropout on the attention probabilities (training only).
+        proj_drop: dropout after the output projection.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        *,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
+                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
+            )
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, device=device, dtype=dtype)
+        self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """x: (B, N, C) with N == H * W; returns (B, N, C). hw is only checked: softmax attention is global."""
+        x = check_token_grid(x, hw)
+        tokens = hw[0] * hw[1]
+        qkv = self.qkv(x).view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, heads, N, d)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(-1, tokens, self.dim)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}"
