@@ -1,0 +1,1 @@
+"""Visualisation: feature PCA colours, attention distributions of linear/softmax kernels, attention-matrix rank."""
