@@ -1,0 +1,49 @@
+"""Training with Lightning + Hydra: the LightningModule, DataModules, callbacks and export.
+
+``train.py`` (Hydra entry, ``configs/train.yaml``) builds four objects from the config, each by ``_target_``
+through ``hydra.utils.instantiate``, and runs ``Trainer.fit``, ``Trainer.test`` and the export
+(:func:`linvit.train.run.train`):
+
+- ``cfg.data``: any ``LightningDataModule``;
+- ``cfg.model``: any ``LightningModule``;
+- ``cfg.callbacks.*`` and ``cfg.logger.*``: every entry with a ``_target_`` (set an entry to ``null`` to drop it);
+- ``cfg.trainer``: ``lightning.pytorch.Trainer`` (``accelerator``, ``devices``, ``strategy``, ``precision`` ...).
+
+The contract between data and model configs, which a new task (e.g. segmentation) follows to plug in its own
+DataModule and LightningModule through ``configs/data/<name>.yaml``, ``configs/model/<name>.yaml`` and
+``configs/experiment/<name>.yaml``:
+
+1. The data config declares what the model must be built for as plain keys: ``num_classes``, ``in_chans`` and
+   ``img_size``. The model config reads them by interpolation (``num_classes: ${data.num_classes}``,
+   ``in_chans: ${data.in_chans}``, ``img_size: ${data.img_size}``), never the other way round, so that
+   ``data=... model=...`` combine freely and a command-line override of ``data.num_classes`` reaches the model.
+2. The DataModule's ``batch_size`` is per device; the effective batch is
+   ``batch_size x trainer.devices x trainer.num_nodes x trainer.accumulate_grad_batches``.
+3. The LightningModule logs ``val/loss`` and the metric named by ``callbacks.model_checkpoint.monitor``
+   (``val/acc1`` for classification; a segmentation module sets e.g. ``monitor: val/miou`` in its experiment).
+4. Checkpoints go to ``${paths.output_dir}/checkpoints`` (``best.ckpt``, ``last.ckpt``); a rerun in the same
+   ``paths.output_dir`` resumes from ``last.ckpt`` (``resume: true``), ``ckpt_path=...`` resumes from any file.
+5. Export (``export.enabled``) applies to models whose checkpoint holds a timm model under ``model.`` and the
+   data's preprocessing (:class:`~linvit.train.datamodules.ClassificationDataModule`); set
+   ``export.enabled=false`` for other tasks.
+
+Nothing here needs Hydra except :mod:`linvit.train.run`.
+"""
+
+from linvit.train.datamodules import (
+    CIFARDataModule,
+    ClassificationDataModule,
+    DigitsDataModule,
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+)
+from linvit.train.module import ImageClassifier
+
+__all__ = [
+    "CIFARDataModule",
+    "ClassificationDataModule",
+    "DigitsDataModule",
+    "FashionMNISTDataModule",
+    "ImageClassifier",
+    "ImageFolderDataModule",
+]

@@ -1,0 +1,172 @@
+"""Training callbacks: reproducible per-epoch randomness, learning-curve plot, atomic checkpoints, SIGTERM save.
+
+Each idea is one callback, configured in ``configs/callbacks/``; reliability features (non-finite loss handling,
+preemption) fit in beside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+from weakref import proxy
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+_log = logging.getLogger(__name__)
+
+
+class EpochReseed(Callback):
+    """Reseed torch, numpy and random at the start of every training epoch from ``(seed, epoch, rank)``.
+
+    The randomness of an epoch (augmentation, mixup, drop path, worker seeds) then depends on nothing the process
+    did before, so a run resumed from an epoch-end checkpoint continues exactly as the uninterrupted run.
+    """
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        value = (self.seed * 1_000_003 + trainer.current_epoch * 1_009 + trainer.global_rank) % (2**31)
+        random.seed(value)
+        np.random.seed(value)
+        torch.manual_seed(value)
+
+
+class LearningCurves(Callback):
+    """Record epoch metrics and draw them (loss, accuracy, learning rate) into a PNG in the run directory.
+
+    The history is part of the checkpoint, so a resumed run draws the whole curve.
+    """
+
+    LOSS_KEYS = ("train/loss_epoch", "val/loss", "val_ema/loss")
+    ACCURACY_KEYS = ("val/acc1", "val_ema/acc1", "val/acc5")
+
+    def __init__(self, filename: str | os.PathLike = "learning_curves.png"):
+        self.filename = Path(filename)
+        self.history: list[dict[str, float]] = []
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
+        for key, value in trainer.callback_metrics.items():
+            if key in self.LOSS_KEYS + self.ACCURACY_KEYS or key == "lr":
+                row[key] = float(value)
+        if trainer.optimizers:
+            row["lr"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        self.history.append(row)
+        if trainer.is_global_zero:
+            self.plot()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+
+    def plot(self) -> Path | None:
+        """Write the PNG; returns its path (None without history)."""
+        if not self.history:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+        figure = Figure(figsize=(12, 3.6), layout="constrained")
+        axes = figure.subplots(1, 3)
+        epochs = [row["epoch"] + 1 for row in self.history]
+        for ax, keys, title in (
+            (axes[0], self.LOSS_KEYS, "loss"),
+            (axes[1], self.ACCURACY_KEYS, "accuracy"),
+            (axes[2], ("lr",), "learning rate (end of epoch)"),
+        ):
+            for key in keys:
+                points = [(e, row[key]) for e, row in zip(epochs, self.history) if key in row]
+                if points:
+                    ax.plot(*zip(*points), marker="o", markersize=3, label=key.replace("_epoch", ""))
+            ax.set_title(title)
+            ax.set_xlabel("epoch")
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=8)
+        self.filename.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.filename.with_name(self.filename.name + ".tmp.png")
+        figure.savefig(temporary, dpi=110)
+        os.replace(temporary, self.filename)
+        return self.filename
+
+
+class AtomicModelCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose files are written to a temporary name and renamed into place.
+
+    A crash or kill while saving leaves the previous ``last.ckpt``/``best.ckpt`` intact instead of a torn file.
+    """
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        from fsspec.implementations.local import LocalFileSystem
+
+        if not isinstance(self._fs, LocalFileSystem):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        temporary = f"{filepath}.tmp"
+        trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
+        if trainer.is_global_zero:
+            os.replace(temporary, filepath)
+        trainer.strategy.barrier("atomic_model_checkpoint")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+
+class SaveOnSigterm(Callback):
+    """On SIGTERM (cluster preemption, ``kill``), save ``last.ckpt`` after the current step and stop cleanly.
+
+    The run can then be resumed with the same command (auto-resume) or ``ckpt_path=.../last.ckpt``.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike, filename: str = "last.ckpt"):
+        self.path = Path(dirpath) / filename
+        self._requested = False
+        self._previous_handler: Any = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or not _is_main_thread():
+            return
+        self._previous_handler = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._previous_handler is not None and _is_main_thread():
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._requested = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if not self._requested:
+            return
+        self._requested = False
+        _log.warning("SIGTERM received: saving %s and stopping", self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        trainer.save_checkpoint(temporary)
+        if trainer.is_global_zero:
+            os.replace(temporary, self.path)
+        trainer.should_stop = True
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,179 @@
+"""Datasets that install without the internet, and the samplers and transforms the DataModules share.
+
+- :func:`load_digits_arrays`: scikit-learn's 8x8 digits (inside the scikit-learn wheel).
+- :func:`load_fashion_mnist_arrays`: Fashion-MNIST from Debian's ``dataset-fashion-mnist`` IDX files.
+- :class:`ArrayImageDataset`: uint8 (N, H, W) grey images resized on the fly to the model's input.
+- :class:`EpochSeededSampler`: a shuffling sampler whose order depends only on (seed, epoch), so that a resumed
+  run sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, Sampler
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = (
+    "t-shirt/top",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
+_FASHION_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as uint8 images (1797, 8, 8) in [0, 255] and int64 labels (1797,)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    # The raw values are counts 0..16 of set pixels in 4x4 blocks of the original 32x32 bitmaps.
+    images = np.round(digits.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
+    return images, digits.target.astype(np.int64)
+
+
+def _read_idx(path: Path, offset: int) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
+
+
+def _find_idx_file(root: Path, stem: str) -> Path | None:
+    for name in (stem + ".gz", stem):
+        for folder in (root, root / "FashionMNIST" / "raw"):
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def load_fashion_mnist_arrays(root: str | os.PathLike = FASHION_MNIST_DIR, split: str = "train"):
+    """Fashion-MNIST ``split`` ("train": 60k, "test": 10k) as uint8 (N, 28, 28) images and int64 labels.
+
+    Reads the IDX files (gzip or not) in ``root`` or ``root/FashionMNIST/raw``; Debian's recompressed gzip files
+    are read directly, with no checksum.
+    """
+    if split not in _FASHION_FILES:
+        raise ValueError(f"Fashion-MNIST split must be one of {sorted(_FASHION_FILES)}, got {split!r}.")
+    root = Path(root)
+    image_stem, label_stem = _FASHION_FILES[split]
+    image_file, label_file = _find_idx_file(root, image_stem), _find_idx_file(root, label_stem)
+    if image_file is None or label_file is None:
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found in {root}: install it with "
+            "`apt-get install -y --no-install-recommends dataset-fashion-mnist` or set data.root to its folder."
+        )
+    images = _read_idx(image_file, offset=16).reshape(-1, 28, 28)
+    labels = _read_idx(label_file, offset=8).astype(np.int64)
+    if len(images) != len(labels):
+        raise ValueError(f"Fashion-MNIST {split}: {len(images)} images but {len(labels)} labels in {root}.")
+    return images, labels
+
+
+class ArrayImageDataset(Dataset):
+    """Grey uint8 images (N, H, W) served as normalised float tensors (in_chans, img_size, img_size).
+
+    The image is resized (bilinear, antialiased) to ``img_size``, optionally augmented with a small random
+    affine transform (no flips: digits and garments are not mirror-symmetric), replicated to ``in_chans`` channels
+    and normalised with ``mean``/``std`` (one value per channel, or one for all).
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        img_size: int,
+        in_chans: int = 3,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        augment: bool = False,
+    ):
+        if images.ndim != 3 or images.dtype != np.uint8:
+            raise ValueError(f"expected uint8 images of shape (N, H, W), got {images.dtype} {images.shape}.")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels.")
+        self.images = torch.from_numpy(np.ascontiguousarray(images))
+        self.labels = torch.from_numpy(np.ascontiguousarray(labels)).long()
+        self.img_size = int(img_size)
+        self.in_chans = int(in_chans)
+        self.mean = torch.tensor(_per_channel(mean, in_chans, "mean")).view(-1, 1, 1)
+        self.std = torch.tensor(_per_channel(std, in_chans, "std")).view(-1, 1, 1)
+        self.augment = augment
+        self._affine = None
+        if augment:
+            from torchvision.transforms import v2
+
+            self._affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index].float().div_(255.0)[None, None]
+        image = F.interpolate(image, size=(self.img_size, self.img_size), mode="bilinear", antialias=True)[0]
+        if self._affine is not None:
+            image = self._affine(image)
+        image = image.expand(self.in_chans, -1, -1)
+        return (image - self.mean) / self.std, self.labels[index]
+
+
+def _per_channel(values: Sequence[float], in_chans: int, name: str) -> list[float]:
+    values = [float(v) for v in values]
+    if len(values) == 1:
+        return values * in_chans
+    if len(values) != in_chans:
+        raise ValueError(f"{name} has {len(values)} values but in_chans={in_chans}: give one value or {in_chans}.")
+    return values
+
+
+class EpochSeededSampler(Sampler[int]):
+    """Random permutation of ``range(num_samples)`` drawn from ``(seed, epoch)`` only.
+
+    Lightning calls :meth:`set_epoch` at the start of every epoch (as for ``DistributedSampler``), so the order of
+    an epoch does not depend on what the process did before it: a run resumed at an epoch boundary replays exactly
+    the batches an uninterrupted run sees.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True):
+        self.num_samples = int(num_samples)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (rest, held_out) with ``fraction`` of every class held out, reproducible from ``seed``."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"split fraction must be in (0, 1), got {fraction}.")
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(len(labels))
+    rest, held_out = train_test_split(indices, test_size=fraction, stratify=labels, random_state=seed)
+    return np.sort(rest), np.sort(held_out)

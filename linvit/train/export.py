@@ -1,0 +1,153 @@
+"""Export a training checkpoint as timm-loadable weights: ``model.safetensors`` + ``config.json``.
+
+The folder then loads with ``timm.create_model("local-dir:<folder>")`` (architecture, ``num_classes`` and the
+creation arguments come from ``config.json``), or with an explicit name::
+
+    timm.create_model(name, pretrained=True, num_classes=..., img_size=...,
+                      pretrained_cfg_overlay=dict(file=".../model.safetensors", num_classes=...))
+
+(the ``num_classes`` in the overlay keeps the trained classifier: timm drops a head whose class count differs from
+the pretrained cfg's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+_CFG_DROP = (
+    "url",
+    "hf_hub_id",
+    "hf_hub_filename",
+    "file",
+    "state_dict",
+    "source",
+    "tag",
+    "architecture",
+    "test_input_size",
+    "test_crop_pct",
+    "min_input_size",
+    "pool_size",
+)
+
+
+def find_checkpoint(path: str | os.PathLike, which: str = "best") -> Path:
+    """A ``.ckpt`` file from a run directory (``which``: ``best`` or ``last``) or the file itself."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    for candidate in (path / "checkpoints" / f"{which}.ckpt", path / f"{which}.ckpt"):
+        if candidate.is_file():
+            return candidate
+    if which == "best":  # a run without validation has only last.ckpt
+        return find_checkpoint(path, "last")
+    raise FileNotFoundError(f"no {which}.ckpt in {path} or {path / 'checkpoints'}: give a run directory or a .ckpt.")
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    # Our own training checkpoints hold hyper-parameters and callback state beside the tensors.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def model_state_dict(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:
+    """The timm model's weights from a LightningModule checkpoint (``model.*``, or ``model_ema.module.*``)."""
+    prefix = "model_ema.module." if ema else "model."
+    state = checkpoint["state_dict"]
+    weights = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+    if not weights:
+        if ema:
+            raise ValueError("the checkpoint has no EMA weights (model_ema.*): train with model.ema.enabled=true.")
+        raise ValueError("the checkpoint has no 'model.*' weights: it was not written by linvit's ImageClassifier.")
+    return weights
+
+
+def data_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The DataModule's preprocessing saved in the checkpoint (see ``ClassificationDataModule.state_dict``)."""
+    for value in checkpoint.values():
+        if isinstance(value, dict) and "data_config" in value:
+            return dict(value["data_config"], label_names=list(value.get("class_names", [])))
+    return {}
+
+
+def timm_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` in timm's hub format: architecture, num_classes, model_args, pretrained_cfg."""
+    import timm
+
+    import linvit  # noqa: F401  (registers linvit models)
+
+    hparams = dict(checkpoint.get("hyper_parameters", {}))
+    name = hparams["model_name"]
+    model_args = dict(hparams.get("model_kwargs") or {})
+    model_args.pop("drop_path_rate", None)
+    model_args.pop("drop_rate", None)
+    model_args["in_chans"] = int(hparams.get("in_chans", 3))
+    pretrained_cfg = timm.models.get_pretrained_cfg(name)
+    cfg = pretrained_cfg.to_dict() if pretrained_cfg is not None else {}
+    cfg = {k: v for k, v in cfg.items() if k not in _CFG_DROP and v is not None}
+    data = data_config(checkpoint)
+    label_names = data.pop("label_names", None)
+    cfg.update({k: v for k, v in data.items() if v is not None})
+    cfg["num_classes"] = int(hparams["num_classes"])
+    cfg["input_size"] = [model_args["in_chans"], *list(cfg.get("input_size", (3, 224, 224)))[1:]]
+    config = {
+        "architecture": name,
+        "num_classes": int(hparams["num_classes"]),
+        "num_features": None,
+        "model_args": model_args,
+        "pretrained_cfg": _json_ready(cfg),
+    }
+    if label_names:
+        config["label_names"] = label_names
+    return config
+
+
+def export_checkpoint(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` for ``checkpoint_path`` into ``out_dir``; returns the weights.
+
+    ``ema``: export the EMA weights instead of the raw ones.
+    """
+    from safetensors.torch import save_file
+
+    checkpoint = load_checkpoint(checkpoint_path)
+    weights = model_state_dict(checkpoint, ema=ema)
+    config = timm_config(checkpoint)
+    config["num_features"] = _num_features(config)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {key: value.detach().contiguous().clone() for key, value in weights.items()}
+    weights_path = out_dir / WEIGHTS_NAME
+    _atomic_write(weights_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    text = json.dumps(config, indent=2) + "\n"
+    _atomic_write(out_dir / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    return weights_path
+
+
+def _num_features(config: dict[str, Any]) -> int | None:
+    import timm
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(config["architecture"], num_classes=config["num_classes"], **config["model_args"])
+        return int(model.num_features)
+    except Exception:  # informative only; the weights are what matters
+        return None
+
+
+def _atomic_write(path: Path, write) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    write(temporary)
+    os.replace(temporary, path)
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value

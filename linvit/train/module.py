@@ -1,0 +1,244 @@
+"""The Lightning module for image classification with any timm (or linvit) model.
+
+Recipe pieces, each one config key away: timm's optimizer factory (weight-decay exemptions from
+``no_weight_decay``, layer-wise lr decay from ``group_matcher``), linear lr scaling with the effective batch,
+per-step warm-up + cosine schedule, label smoothing, timm mixup/cutmix, model EMA (evaluated beside the raw
+weights), top-1/top-5 from torchmetrics. Gradient clipping, precision and accumulation come from the Trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torchmetrics.classification import MulticlassAccuracy
+
+_log = logging.getLogger(__name__)
+
+OPTIMIZER_DEFAULTS: dict[str, Any] = {
+    "opt": "adamw",
+    "lr": 1e-3,
+    "lr_base_size": None,  # None: ``lr`` is absolute; N: ``lr`` is per N images, scaled by the effective batch
+    "weight_decay": 0.05,
+    "momentum": 0.9,
+    "layer_decay": None,
+    "filter_bias_and_bn": True,
+}
+SCHEDULER_DEFAULTS: dict[str, Any] = {
+    "sched": "cosine",  # "cosine" or "constant" (after warm-up)
+    "warmup_epochs": 1.0,
+    "warmup_lr": 1e-6,
+    "min_lr": 1e-5,
+}
+MIXUP_DEFAULTS: dict[str, Any] = {
+    "mixup_alpha": 0.0,
+    "cutmix_alpha": 0.0,
+    "cutmix_minmax": None,
+    "prob": 1.0,
+    "switch_prob": 0.5,
+    "mode": "batch",
+}
+EMA_DEFAULTS: dict[str, Any] = {"enabled": False, "decay": 0.9998, "warmup": True, "evaluate": True}
+
+
+def _merge(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) -> dict[str, Any]:
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown {what} option(s) {unknown}; expected some of {sorted(defaults)}.")
+    return {**defaults, **given}
+
+
+class ImageClassifier(LightningModule):
+    """Image classification with ``timm.create_model(model_name, ...)``.
+
+    Args:
+        model_name: any name ``timm.list_models()`` knows after ``import linvit`` (e.g. ``linvit_nano``).
+        num_classes, in_chans: from the DataModule (``${data.num_classes}``, ``${data.in_chans}``).
+        model_kwargs: extra ``create_model`` arguments (``img_size``, ``drop_path_rate``, ...).
+        pretrained: load the model's pretrained weights (needs them locally or the internet).
+        optimizer: ``opt`` (timm name), ``lr``, ``lr_base_size``, ``weight_decay``, ``momentum``, ``layer_decay``,
+            ``filter_bias_and_bn``, plus any keyword the timm optimizer takes (``betas``, ``eps``).
+        scheduler: ``sched`` (cosine | constant), ``warmup_epochs`` (fractions allowed), ``warmup_lr``, ``min_lr``.
+        label_smoothing: label smoothing of the cross-entropy (also applied inside mixup targets).
+        mixup: timm ``Mixup`` options; active when ``mixup_alpha`` or ``cutmix_alpha`` > 0.
+        ema: ``enabled``, ``decay``, ``warmup`` (timm's decay warm-up), ``evaluate`` (validate/test EMA weights).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        num_classes: int,
+        in_chans: int = 3,
+        model_kwargs: dict[str, Any] | None = None,
+        pretrained: bool = False,
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        label_smoothing: float = 0.0,
+        mixup: dict[str, Any] | None = None,
+        ema: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        import linvit  # noqa: F401  (registers linvit models with timm)
+
+        self.optimizer_cfg = {**OPTIMIZER_DEFAULTS, **dict(optimizer or {})}
+        self.scheduler_cfg = _merge(SCHEDULER_DEFAULTS, scheduler, "scheduler")
+        if self.scheduler_cfg["sched"] not in ("cosine", "constant"):
+            raise ValueError(f"scheduler.sched must be 'cosine' or 'constant', got {self.scheduler_cfg['sched']!r}.")
+        self.mixup_cfg = _merge(MIXUP_DEFAULTS, mixup, "mixup")
+        self.ema_cfg = _merge(EMA_DEFAULTS, ema, "ema")
+        self.label_smoothing = float(label_smoothing)
+        self.num_classes = int(num_classes)
+
+        self.model = timm.create_model(
+            model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **dict(model_kwargs or {})
+        )
+        self.mixup_fn = None
+        if self.mixup_cfg["mixup_alpha"] > 0 or self.mixup_cfg["cutmix_alpha"] > 0:
+            from timm.data import Mixup
+
+            self.mixup_fn = Mixup(
+                **{k: v for k, v in self.mixup_cfg.items() if k not in ("prob", "mode")},
+                prob=self.mixup_cfg["prob"],
+                mode=self.mixup_cfg["mode"],
+                label_smoothing=self.label_smoothing,
+                num_classes=num_classes,
+            )
+        self.model_ema = None
+        if self.ema_cfg["enabled"]:
+            from timm.utils import ModelEmaV3
+
+            self.model_ema = ModelEmaV3(self.model, decay=self.ema_cfg["decay"], use_warmup=self.ema_cfg["warmup"])
+            self.model_ema.requires_grad_(False)
+        self._ema_step = -1
+
+        top5 = min(5, num_classes)
+        self.metrics = torch.nn.ModuleDict()
+        for split in ("val", "test"):
+            for tag in ("", "_ema") if self.model_ema is not None and self.ema_cfg["evaluate"] else ("",):
+                self.metrics[f"{split}{tag}_acc1"] = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+                self.metrics[f"{split}{tag}_acc5"] = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, targets = batch
+        if self.mixup_fn is not None:
+            images, soft_targets = self.mixup_fn(images, targets)
+            logits = self.model(images)
+            loss = torch.sum(-soft_targets * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+        else:
+            logits = self.model(images)
+            loss = F.cross_entropy(logits.float(), targets, label_smoothing=self.label_smoothing)
+        if not torch.isfinite(loss):
+            _log.warning("non-finite training loss %s at step %d", loss.item(), self.global_step)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(targets))
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False, on_step=True, on_epoch=False)
+        return loss
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        images, targets = batch
+        models = [("", self.model)]
+        if f"{split}_ema_acc1" in self.metrics:
+            models.append(("_ema", self.model_ema.module))
+        for tag, model in models:
+            logits = model(images).float()
+            loss = F.cross_entropy(logits, targets)
+            prefix = f"{split}{tag}"
+            self.metrics[f"{prefix}_acc1"](logits, targets)
+            self.metrics[f"{prefix}_acc5"](logits, targets)
+            kwargs = {"on_step": False, "on_epoch": True, "batch_size": len(targets), "sync_dist": True}
+            self.log(f"{prefix}/loss", loss, prog_bar=split == "val" and not tag, **kwargs)
+            self.log(f"{prefix}/acc1", self.metrics[f"{prefix}_acc1"], prog_bar=split == "val", **kwargs)
+            self.log(f"{prefix}/acc5", self.metrics[f"{prefix}_acc5"], **kwargs)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(images).softmax(-1)
+
+    # -- EMA --------------------------------------------------------------------------------------------------
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # global_step counts optimizer steps: update once per step, also under gradient accumulation.
+        if self.model_ema is not None and self.global_step != self._ema_step:
+            self._ema_step = self.global_step
+            self.model_ema.update(self.model, step=self.global_step)
+
+    # -- optimisation -----------------------------------------------------------------------------------------
+    def effective_batch_size(self) -> int:
+        """Images per optimizer step over all devices and nodes, with gradient accumulation."""
+        trainer = self.trainer
+        datamodule = getattr(trainer, "datamodule", None)
+        batch_size = getattr(datamodule, "batch_size", None)
+        if batch_size is None:
+            batch_size = trainer.train_dataloader.batch_size if trainer.train_dataloader is not None else 1
+        return int(batch_size) * trainer.world_size * trainer.accumulate_grad_batches
+
+    def learning_rate(self) -> float:
+        """``optimizer.lr``, scaled linearly by ``effective batch / lr_base_size`` when ``lr_base_size`` is set."""
+        lr = float(self.optimizer_cfg["lr"])
+        base = self.optimizer_cfg.get("lr_base_size")
+        return lr * self.effective_batch_size() / float(base) if base else lr
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        from timm.optim import create_optimizer_v2
+
+        options = {k: v for k, v in self.optimizer_cfg.items() if k not in ("lr", "lr_base_size")}
+        lr = self.learning_rate()
+        optimizer = create_optimizer_v2(self.model, lr=lr, **options)
+        for group in optimizer.param_groups:  # layer decay: timm stores the per-group factor as lr_scale
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        steps_per_epoch = max(1, total_steps // max_epochs)
+        warmup_steps = min(total_steps - 1, int(round(self.scheduler_cfg["warmup_epochs"] * steps_per_epoch)))
+        schedule = _WarmupCosine(
+            total_steps=total_steps,
+            warmup_steps=max(0, warmup_steps),
+            warmup_factor=self.scheduler_cfg["warmup_lr"] / lr if lr > 0 else 1.0,
+            min_factor=self.scheduler_cfg["min_lr"] / lr if lr > 0 else 1.0,
+            cosine=self.scheduler_cfg["sched"] == "cosine",
+        )
+        if self.trainer.is_global_zero:
+            _log.info(
+                "optimizer %s, lr %.3g (effective batch %d), %d steps (%d warm-up)",
+                self.optimizer_cfg["opt"],
+                lr,
+                self.effective_batch_size(),
+                total_steps,
+                warmup_steps,
+            )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class _WarmupCosine:
+    """lr factor at optimizer step ``t``: linear warm-up from ``warmup_factor`` to 1, then cosine to ``min_factor``.
+
+    A class (not a lambda) so that the scheduler pickles for ``ddp_spawn`` and checkpoints.
+    """
+
+    def __init__(self, total_steps: int, warmup_steps: int, warmup_factor: float, min_factor: float, cosine: bool):
+        self.total_steps, self.warmup_steps = total_steps, warmup_steps
+        self.warmup_factor, self.min_factor, self.cosine = warmup_factor, min(min_factor, 1.0), cosine
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.warmup_factor + (1.0 - self.warmup_factor) * step / self.warmup_steps
+        if not self.cosine:
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_factor + (1.0 - self.min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,142 @@
+"""The training entry behind ``train.py``: build everything from a Hydra config, fit, test, export.
+
+This is the one module of :mod:`linvit` that uses Hydra (``hydra.utils.instantiate``); the rest of
+:mod:`linvit.train` is plain Lightning and can be used without configs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+_log = logging.getLogger("linvit.train")
+
+
+def _instantiate_all(section: DictConfig | None) -> list[Any]:
+    """Instantiate every entry with a ``_target_`` in a config group such as ``callbacks`` or ``logger``."""
+    from hydra.utils import instantiate
+
+    if not section:
+        return []
+    return [instantiate(entry) for entry in section.values() if isinstance(entry, DictConfig) and "_target_" in entry]
+
+
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``."""
+    if cfg.get("ckpt_path"):
+        path = Path(str(cfg.ckpt_path)).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
+        return str(path)
+    if cfg.get("resume", True):
+        last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            return str(last)
+    return None
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit (``cfg.train``), test (``cfg.test``) and export (``cfg.export``) as configured; returns the metrics."""
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    started = time.perf_counter()
+    _route_lightning_logs_to_root()
+    # The EMA copy is in eval mode on purpose; Lightning warns about any module in eval mode at fit start.
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode", category=UserWarning)
+    if cfg.get("seed") is not None:
+        pl.seed_everything(int(cfg.seed), workers=True)
+    output_dir = Path(str(cfg.paths.output_dir))
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    datamodule: pl.LightningDataModule = instantiate(cfg.data)
+    model: pl.LightningModule = instantiate(cfg.model)
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    loggers = _instantiate_all(cfg.get("logger"))
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    if trainer.is_global_zero:
+        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    metrics: dict[str, float] = {}
+    ckpt_path = resolve_ckpt_path(cfg)
+    if cfg.get("train", True):
+        if ckpt_path:
+            _log.info("resuming from %s", ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        metrics.update(_floats(trainer.callback_metrics))
+
+    best = _best_checkpoint(trainer)
+    if cfg.get("test", True):
+        if cfg.get("train", True):
+            test_ckpt = best or None
+            if test_ckpt is None:
+                _log.warning("no best checkpoint found: testing the current weights")
+        else:
+            test_ckpt = ckpt_path
+        _log.info("testing %s", test_ckpt or "current weights")
+        results = trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=False)
+        for result in results:
+            metrics.update(_floats(result))
+
+    export_cfg = cfg.get("export") or {}
+    if export_cfg.get("enabled", False) and trainer.is_global_zero:
+        from linvit.train.export import export_checkpoint
+
+        source = best or str(output_dir / "checkpoints" / "last.ckpt")
+        if Path(source).is_file():
+            exported = export_checkpoint(source, output_dir, ema=bool(export_cfg.get("ema", False)))
+            _log.info("exported %s (from %s)", exported, Path(source).name)
+        else:
+            _log.warning("nothing to export: no checkpoint in %s", output_dir / "checkpoints")
+
+    metrics["time/total_s"] = time.perf_counter() - started
+    if trainer.is_global_zero:
+        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def _route_lightning_logs_to_root() -> None:
+    """Under Hydra the root logger prints to the console and train.log: stop Lightning printing twice."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def _best_checkpoint(trainer: Any) -> str:
+    callback = getattr(trainer, "checkpoint_callback", None)
+    path = getattr(callback, "best_model_path", "") if callback is not None else ""
+    return path if path and Path(path).is_file() else ""
+
+
+def _floats(values: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def summarize(cfg: DictConfig, metrics: dict[str, float]) -> str:
+    """A few lines for the console: test accuracy (raw and EMA weights), time, where the run's files are."""
+    lines = [f"run directory: {cfg.paths.output_dir}"]
+    for prefix, label in (("test", "test"), ("test_ema", "test (EMA weights)")):
+        if f"{prefix}/acc1" in metrics:
+            lines.append(
+                f"{label}: top-1 {100 * metrics[f'{prefix}/acc1']:.2f}%  top-5 {100 * metrics[f'{prefix}/acc5']:.2f}%"
+                f"  loss {metrics[f'{prefix}/loss']:.4f}"
+            )
+    lines.append(f"wall time: {metrics.get('time/total_s', float('nan')):.1f} s")
+    return "\n".join(lines)
