@@ -1,0 +1,137 @@
+"""Backbone, training-step and ``torch.compile`` suites: whole timm models (linvit's and timm's own)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.measure import autocast_context
+from benchmarks.operators import Unavailable
+
+LINVIT_PREFIXES = ("linvit_", "flatten_")
+
+
+def _model_kwargs(name: str, hw: tuple[int, int]) -> dict:
+    """How each family is asked to run at a resolution other than its pretraining one, keeping its design."""
+    if name.startswith("swin_"):
+        return {"img_size": hw}  # keeps 7×7 windows (set_input_size alone would scale the windows up)
+    if name.startswith(("deit_", "vit_")):
+        return {"dynamic_img_size": True}
+    return {}
+
+
+def create_model(name: str, hw: tuple[int, int], device=None) -> nn.Module:
+    import timm
+
+    if name.startswith(LINVIT_PREFIXES):
+        try:
+            import linvit.models  # noqa: F401  (registers linvit's families with timm)
+        except ImportError as error:
+            raise Unavailable(f"linvit.models does not import: {error}") from error
+    if not timm.is_model(name):
+        raise Unavailable(f"{name} is not registered with timm in this checkout")
+    model = timm.create_model(name, pretrained=False, **_model_kwargs(name, hw))
+    return model if device is None else model.to(device)
+
+
+def count_model_macs(name: str, hw: tuple[int, int]) -> int | None:
+    """MACs per image of one forward, counted on the meta device (no real compute); None where that fails."""
+    from linvit.utils import count_macs
+
+    try:
+        with torch.device("meta"):
+            model = create_model(name, hw)
+        return int(count_macs(model, (3, *hw)))
+    except Unavailable:
+        raise
+    except Exception:  # noqa: BLE001 - some models cannot run on meta; MACs are then left out
+        return None
+
+
+def backbone_callable(case: dict, device: torch.device, dtype: str):
+    hw = (case["height"], case["width"])
+    torch.manual_seed(0)
+    model = create_model(case["model"], hw, device=device).eval()
+    x = torch.randn(case["batch"], 3, *hw, device=device)
+
+    def run():
+        with torch.no_grad(), autocast_context(device, dtype):
+            return model(x)
+
+    info = {"pixels": hw[0] * hw[1], "params": sum(p.numel() for p in model.parameters())}
+    return run, info
+
+
+def training_callable(case: dict, device: torch.device, dtype: str):
+    """One optimizer step (forward, backward, AdamW); grads stay allocated between steps."""
+    size = case["size"]
+    torch.manual_seed(0)
+    model = create_model(case["model"], (size, size), device=device).train()
+    if case["checkpointing"]:
+        try:
+            model.set_grad_checkpointing(True)
+        except (AttributeError, NotImplementedError, AssertionError) as error:
+            raise Unavailable(f"{case['model']} has no gradient checkpointing: {error}") from error
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    x = torch.randn(case["batch"], 3, size, size, device=device)
+    target = torch.randint(0, 1000, (case["batch"],), device=device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        with autocast_context(device, dtype):
+            loss = F.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+
+    return step, {"params": sum(p.numel() for p in model.parameters())}
+
+
+def _break_in_attention(reason) -> bool:
+    frames = getattr(reason, "user_stack", None) or []
+    text = " ".join(f"{getattr(f, 'filename', '')}:{getattr(f, 'name', '')}" for f in frames)
+    text += " " + str(getattr(reason, "reason", ""))
+    return "attention" in text.lower() or "attn" in text.lower()
+
+
+def compile_report(case: dict, device: torch.device, dtype: str, budget_s: float, repeats: int) -> dict:
+    """Graph breaks under ``torch._dynamo.explain`` and the compiled-over-eager latency at one size."""
+    import time
+
+    import torch._dynamo
+
+    from benchmarks.measure import synchronize, time_call
+
+    hw = (case["size"], case["size"])
+    torch.manual_seed(0)
+    model = create_model(case["model"], hw, device=device).eval()
+    x = torch.randn(1, 3, *hw, device=device)
+    result: dict = {}
+    with torch.no_grad():
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(model)(x)
+        reasons = list(explanation.break_reasons)
+        result["graphs"] = explanation.graph_count
+        result["graph_breaks"] = explanation.graph_break_count
+        result["attention_breaks"] = sum(_break_in_attention(r) for r in reasons)
+        result["break_reasons"] = sorted({str(getattr(r, "reason", r)).splitlines()[0][:160] for r in reasons})[:5]
+        torch._dynamo.reset()
+
+    def eager():
+        with torch.no_grad(), autocast_context(device, dtype):
+            return model(x)
+
+    result["eager_ms"] = time_call(eager, device, repeats=repeats, budget_s=budget_s)["latency_ms"]
+    compiled_model = torch.compile(model)
+
+    def compiled():
+        with torch.no_grad(), autocast_context(device, dtype):
+            return compiled_model(x)
+
+    start = time.perf_counter()
+    compiled()
+    synchronize(device)
+    result["compile_s"] = time.perf_counter() - start
+    result["compiled_ms"] = time_call(compiled, device, repeats=repeats, budget_s=budget_s)["latency_ms"]
+    result["gain"] = result["eager_ms"] / result["compiled_ms"]
+    return result
