@@ -4,6 +4,7 @@ Layout (same stems; masks are single-channel PNGs of class indices, 255 = ignore
 
     root/train/images/<stem>.{png,jpg,...}    root/train/masks/<stem>.png
     root/val/images/...                       root/val/masks/...
+    root/test/images/...                      root/test/masks/...     (optional; default: val)
 
 A root with ``images/`` and ``masks/`` directly (no splits) is split by ``val_fraction``.
 """
@@ -149,8 +150,9 @@ class SegmentationDataModule(LightningDataModule):
     Args:
         data_dir: the dataset root.
         num_classes: classes of the task (masks are checked against it).
-        crop_size: (H, W) of training crops and of the evaluation resize; ``None`` evaluates at native size
-            (then use ``eval_batch_size=1`` unless all images share one size).
+        in_chans: image channels (3: images are read as RGB); declared for the model config (``${data.in_chans}``).
+        img_size: (H, W) or one int: size of training crops and of the evaluation resize; ``None`` evaluates at
+            native size (then use ``eval_batch_size=1`` unless all images share one size).
         batch_size, eval_batch_size, num_workers: loader options.
         scale_range, hflip: training augmentation.
         val_fraction: share held out for validation when ``data_dir`` has no ``train``/``val`` split.
@@ -163,7 +165,8 @@ class SegmentationDataModule(LightningDataModule):
         self,
         data_dir: str | os.PathLike,
         num_classes: int,
-        crop_size: Sequence[int] | None = (96, 128),
+        in_chans: int = 3,
+        img_size: int | Sequence[int] | None = (96, 128),
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -179,13 +182,18 @@ class SegmentationDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.num_classes = num_classes
-        self.crop_size = tuple(crop_size) if crop_size is not None else None
+        if in_chans != 3:
+            raise ValueError(f"SegmentationDataModule reads RGB images: in_chans must be 3, got {in_chans}.")
+        if isinstance(img_size, int):
+            img_size = (img_size, img_size)
+        self.crop_size = tuple(img_size) if img_size is not None else None
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.synthetic = dict(synthetic) if synthetic else None
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
 
     def prepare_data(self) -> None:
         if self.synthetic is not None and not (self.data_dir / "train" / "images").is_dir():
@@ -215,6 +223,10 @@ class SegmentationDataModule(LightningDataModule):
             self.val_set = SegmentationFolder(
                 val_root / "images", val_root / "masks", self._transforms(False), self.num_classes
             )
+            test_root = root / "test" if (root / "test").is_dir() else val_root
+            self.test_set = SegmentationFolder(
+                test_root / "images", test_root / "masks", self._transforms(False), self.num_classes
+            )
             return
         train_full = SegmentationFolder(root / "images", root / "masks", self._transforms(True), self.num_classes)
         val_full = SegmentationFolder(root / "images", root / "masks", self._transforms(False), self.num_classes)
@@ -223,6 +235,7 @@ class SegmentationDataModule(LightningDataModule):
         num_val = max(1, math.floor(len(order) * self.hparams.val_fraction))
         self.train_set = torch.utils.data.Subset(train_full, order[num_val:])
         self.val_set = torch.utils.data.Subset(val_full, order[:num_val])
+        self.test_set = self.val_set
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.hparams.seed)
@@ -237,8 +250,15 @@ class SegmentationDataModule(LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        """The ``test`` split when the folder has one, else the validation split."""
+        return self._eval_loader(self.test_set)
+
+    def _eval_loader(self, dataset: Dataset | None) -> DataLoader:
         return DataLoader(
-            self.val_set,
+            dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,
             num_workers=self.num_workers,

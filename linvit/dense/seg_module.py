@@ -52,6 +52,7 @@ class SegmentationModule(LightningModule):
     Args:
         backbone: timm model name (``linvit_nano``, ``convnext_atto``, ...).
         num_classes: classes (from the DataModule: ``${data.num_classes}``).
+        in_chans: image channels (``${data.in_chans}``; the backbones take 3).
         head: ``"fpn"`` (Semantic FPN) or ``"upernet"``.
         channels: head width.
         pretrained, checkpoint: backbone weights (timm default / a local file).
@@ -66,6 +67,7 @@ class SegmentationModule(LightningModule):
         self,
         backbone: str,
         num_classes: int,
+        in_chans: int = 3,
         head: str = "fpn",
         channels: int = 128,
         pretrained: bool = False,
@@ -90,10 +92,15 @@ class SegmentationModule(LightningModule):
             channels=channels,
             pretrained=pretrained,
             checkpoint=checkpoint,
+            in_chans=in_chans,
             **dict(backbone_kwargs or {}),
         )
-        self.val_miou = MulticlassJaccardIndex(self.num_classes, ignore_index=self.ignore_index, average="macro")
-        self.val_iou = MulticlassJaccardIndex(self.num_classes, ignore_index=self.ignore_index, average="none")
+        self.metrics = torch.nn.ModuleDict()
+        for split in ("val", "test"):
+            for name, average in (("miou", "macro"), ("iou", "none")):
+                self.metrics[f"{split}_{name}"] = MulticlassJaccardIndex(
+                    self.num_classes, ignore_index=self.ignore_index, average=average
+                )
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -109,21 +116,34 @@ class SegmentationModule(LightningModule):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(images))
         return loss
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
+    def _evaluate(self, batch: Any, split: str) -> None:
         images, masks = batch
         logits = self(images)
         loss = self._loss(logits, masks)
         predictions = logits.argmax(1)
-        self.val_miou.update(predictions, masks)
-        self.val_iou.update(predictions, masks)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, batch_size=len(images), sync_dist=True)
-        self.log("val/mIoU", self.val_miou, prog_bar=True, on_epoch=True, batch_size=len(images))
+        miou, per_class = self.metrics[f"{split}_miou"], self.metrics[f"{split}_iou"]
+        miou.update(predictions, masks)
+        per_class.update(predictions, masks)
+        self.log(f"{split}/loss", loss, prog_bar=split == "val", on_epoch=True, batch_size=len(images), sync_dist=True)
+        self.log(f"{split}/mIoU", miou, prog_bar=split == "val", on_epoch=True, batch_size=len(images))
+
+    def _log_per_class(self, split: str) -> None:
+        per_class = self.metrics[f"{split}_iou"]
+        for name, value in zip(self.class_names, per_class.compute()):
+            self.log(f"{split}/IoU_{name}", value)
+        per_class.reset()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
-        per_class = self.val_iou.compute()
-        for name, value in zip(self.class_names, per_class):
-            self.log(f"val/IoU_{name}", value)
-        self.val_iou.reset()
+        self._log_per_class("val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_per_class("test")
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         images = batch[0] if isinstance(batch, (list, tuple)) else batch

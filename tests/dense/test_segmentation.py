@@ -53,7 +53,7 @@ def test_folder_dataset_and_errors(tmp_path):
 def test_datamodule_split_without_train_val_folders(tmp_path):
     generate_synthetic_segmentation(tmp_path / "gen", num_train=10, num_val=0, size=(32, 32))
     flat = tmp_path / "gen" / "train"
-    datamodule = SegmentationDataModule(flat, num_classes=4, crop_size=(32, 32), batch_size=4, val_fraction=0.2)
+    datamodule = SegmentationDataModule(flat, num_classes=4, img_size=(32, 32), batch_size=4, val_fraction=0.2)
     datamodule.setup("fit")
     assert len(datamodule.train_set) == 8 and len(datamodule.val_set) == 2
     images, masks = next(iter(datamodule.train_dataloader()))
@@ -70,7 +70,7 @@ def test_training_learns_synthetic_shapes(tmp_path):
     datamodule = SegmentationDataModule(
         tmp_path / "shapes",
         num_classes=4,
-        crop_size=(64, 64),
+        img_size=(64, 64),
         batch_size=8,
         scale_range=(0.75, 1.25),
         synthetic={"num_train": 48, "num_val": 16, "size": (64, 64), "seed": 0},
