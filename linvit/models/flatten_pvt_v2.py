@@ -1,0 +1,571 @@
+"""FLatten-PVTv2: PVTv2 with focused linear attention in every block (FLatten Transformer, ICCV 2023).
+
+Papers:
+* FLatten Transformer: Vision Transformer using Focused Linear Attention - https://arxiv.org/abs/2308.00442
+* PVT v2: Improved Baselines with Pyramid Vision Transformer - https://arxiv.org/abs/2106.13797
+
+Architecture as in the FLatten authors' release (LeapLabTHU/FLatten-Transformer, config `PVT_LA_SR_RATIOS: 1111`):
+overlapping patch embeddings (7x7/4 stem, 3x3/2 downsampling), every block a global focused linear attention
+without spatial reduction (learnable positional encoding added to the keys, depthwise 5x5 enhancement of the
+values), an MLP with a 3x3 depthwise convolution, and a LayerNorm closing every stage.
+
+The authors' attention keeps separate `q` and `kv` projections; here the attention is linvit's one
+`FocusedLinearAttention` with a fused `qkv`, and `checkpoint_filter_fn` concatenates `q` and `kv` (same outputs).
+
+Any input size works: the convolutions handle any map and each attention resizes its positional-encoding table
+(bicubic) when the map differs from the grid it was built for (`img_size`); `set_input_size` resizes the tables
+themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import ClassifierHead, DropPath, to_2tuple, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from linvit.attention import FocusedLinearAttention, resize_positional_table
+from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
+
+__all__ = ["FlattenPvtV2", "checkpoint_filter_fn"]
+
+
+def set_attention_grid(attn: nn.Module, new_size: tuple[int, int]) -> None:
+    """Resize a `FocusedLinearAttention`'s learnable positional encoding to a new (h, w) grid in place."""
+    old_size = tuple(attn.pos_size)
+    new_size = tuple(new_size)
+    if old_size == new_size:
+        return
+    old = attn.positional_encoding
+    with torch.no_grad():
+        resized = resize_positional_table(old.data, old_size, new_size)
+    attn.positional_encoding = nn.Parameter(resized, requires_grad=old.requires_grad)
+    attn.pos_size = new_size
+
+
+def drop_path_rates(drop_path_rate: float, num_blocks: int) -> list[float]:
+    """Stochastic-depth rate of every block, rising linearly from 0 (plain Python: works under the meta device)."""
+    if num_blocks <= 1:
+        return [0.0] * num_blocks
+    return [drop_path_rate * i / (num_blocks - 1) for i in range(num_blocks)]
+
+
+def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[int, int]]:
+    """Token grid of every stage for an input of `img_size` (7x7/4 stem, then 3x3/2 overlapping convolutions)."""
+    h, w = _conv_out(img_size[0], 7, 4, 3), _conv_out(img_size[1], 7, 4, 3)
+    grids = [(h, w)]
+    for _ in range(num_stages - 1):
+        h, w = _conv_out(h, 3, 2, 1), _conv_out(w, 3, 2, 1)
+        grids.append((h, w))
+    return grids
+
+
+class OverlapPatchEmbed(nn.Module):
+    """Overlapping strided convolution followed by LayerNorm; image/map (B, C, H, W) -> tokens (B, N, C)."""
+
+    def __init__(
+        self,
+        in_chans: int,
+        embed_dim: int,
+        patch_size: int = 7,
+        stride: int = 4,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2, **dd)
+        self.norm = nn.LayerNorm(embed_dim, **dd)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        x = self.proj(x)
+        hw = (x.shape[2], x.shape[3])
+        x = self.norm(x.flatten(2).transpose(1, 2))
+        return x, hw
+
+
+class MlpWithDepthwiseConv(nn.Module):
+    """fc1 -> 3x3 depthwise conv over the token grid -> GELU -> fc2 (PVTv2's feed-forward)."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.fc1 = nn.Linear(dim, hidden_dim, **dd)
+        self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim, **dd)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim, **dd)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        x = self.fc1(x)
+        batch, _, channels = x.shape
+        x = x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])
+        x = self.dwconv(x).flatten(2).transpose(1, 2)
+        x = self.drop1(self.act(x))
+        return self.drop2(self.fc2(x))
+
+
+class FlattenPvtV2Block(nn.Module):
+    """Pre-norm block: focused linear attention over all tokens, then the depthwise-conv MLP."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        pos_size: tuple[int, int],
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        focusing_factor: float = 3.0,
+        dwc_kernel_size: int = 5,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
+        self.attn = FocusedLinearAttention(
+            dim,
+            num_heads,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            focusing_factor=focusing_factor,
+            dwc_kernel_size=dwc_kernel_size,
+            pos_encoding="learnable",
+            pos_size=pos_size,
+            **dd,
+        )
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
+        self.mlp = MlpWithDepthwiseConv(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        x = x + self.drop_path2(self.mlp(self.norm2(x), hw))
+        return x
+
+
+class FlattenPvtV2Stage(nn.Module):
+    """Overlapping patch embedding, blocks, LayerNorm; (B, C_in, H, W) -> (B, C, H', W')."""
+
+    def __init__(
+        self,
+        in_chans: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        pos_size: tuple[int, int],
+        first: bool,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        focusing_factor: float = 3.0,
+        dwc_kernel_size: int = 5,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: Sequence[float] = (),
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.grad_checkpointing = False
+        self.patch_embed = OverlapPatchEmbed(
+            in_chans, dim, patch_size=7 if first else 3, stride=4 if first else 2, **dd
+        )
+        self.blocks = nn.ModuleList(
+            [
+                FlattenPvtV2Block(
+                    dim,
+                    num_heads,
+                    pos_size,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    focusing_factor=focusing_factor,
+                    dwc_kernel_size=dwc_kernel_size,
+                    proj_drop=proj_drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    **dd,
+                )
+                for i in range(depth)
+            ]
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6, **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, hw = self.patch_embed(x)
+        for block in self.blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(block, x, hw, use_reentrant=False)
+            else:
+                x = block(x, hw)
+        x = self.norm(x)
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
+
+
+class FlattenPvtV2(nn.Module):
+    """FLatten-PVTv2 backbone and classifier. Features are NCHW at strides 4, 8, 16, 32."""
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        depths: Sequence[int] = (3, 4, 6, 3),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
+        qkv_bias: bool = True,
+        focusing_factor: float = 3.0,
+        dwc_kernel_size: int = 5,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if not (len(embed_dims) == len(depths) == len(num_heads) == len(mlp_ratios)):
+            raise ValueError(
+                f"embed_dims {tuple(embed_dims)}, depths {tuple(depths)}, num_heads {tuple(num_heads)} and "
+                f"mlp_ratios {tuple(mlp_ratios)} must have one entry per stage; give them the same length."
+            )
+        if global_pool not in ("avg", "max", "avgmax", ""):
+            raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.output_fmt = "NCHW"
+        self.img_size = to_2tuple(img_size)
+        self.num_stages = len(depths)
+        self.drop_rate = drop_rate
+
+        grids = self._stage_grids(self.img_size)
+        rates = drop_path_rates(drop_path_rate, sum(depths))
+        stages = []
+        self.feature_info = []
+        prev_dim, cursor = in_chans, 0
+        for i in range(self.num_stages):
+            stages.append(
+                FlattenPvtV2Stage(
+                    prev_dim,
+                    embed_dims[i],
+                    depths[i],
+                    num_heads[i],
+                    grids[i],
+                    first=i == 0,
+                    mlp_ratio=mlp_ratios[i],
+                    qkv_bias=qkv_bias,
+                    focusing_factor=focusing_factor,
+                    dwc_kernel_size=dwc_kernel_size,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=rates[cursor : cursor + depths[i]],
+                    **dd,
+                )
+            )
+            prev_dim, cursor = embed_dims[i], cursor + depths[i]
+            self.feature_info.append({"num_chs": embed_dims[i], "reduction": 4 * 2**i, "module": f"stages.{i}"})
+        self.stages = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = embed_dims[-1]
+        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _stage_grids(img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        return stage_grids(img_size)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Conv2d):
+            fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
+            nn.init.normal_(module.weight, std=(2.0 / fan_out) ** 0.5)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        # the learnable positional encodings and the focusing scales are not decayed
+        return {"*.positional_encoding", "*.scale"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return {
+            "stem": r"^stages\.0\.patch_embed",
+            "blocks": r"^stages\.(\d+)"
+            if coarse
+            else [
+                (r"^stages\.(\d+)\.patch_embed", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^stages\.(\d+)\.norm", (99999,)),
+            ],
+        }
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = global_pool
+        self.head.reset(num_classes, pool_type=global_pool)
+
+    @torch.jit.ignore
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        """Rebuild every positional-encoding table for a new input resolution (bicubic resize)."""
+        self.img_size = to_2tuple(img_size)
+        for stage, grid in zip(self.stages, self._stage_grids(self.img_size)):
+            for block in stage.blocks:
+                set_attention_grid(block.attn, grid)
+
+    @torch.jit.ignore
+    def load_pretrained(self, checkpoint_path: str) -> None:
+        """timm's `custom_load` entry: read the authors' .pth (or a converted file) safely and convert it."""
+        load_pretrained_file(self, checkpoint_path, filter_fn=checkpoint_filter_fn)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward and collect stage outputs (NCHW). Every stage ends in its own LayerNorm; `norm` changes nothing."""
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        if torch.jit.is_scripting() or not stop_early:
+            stages = self.stages
+        else:
+            stages = self.stages[: max_index + 1]
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take_indices:
+                intermediates.append(x)
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+    def prune_intermediate_layers(
+        self,
+        indices: int | list[int] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> list[int]:
+        """Drop the stages after the last tap (and the head); returns the normalised tap indices."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[: max_index + 1]
+        if prune_end:
+            # features now end at the last kept stage; the head is re-sized to them
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+            self.head.reset(0, in_features=self.num_features)
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stages(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _fuse_q_kv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Concatenate the authors' separate `attn.q` and `attn.kv` projections into one `attn.qkv` (rows q, k, v)."""
+    out = {}
+    for key, value in state_dict.items():
+        if ".attn.kv." in key:
+            continue
+        if ".attn.q." in key:
+            kv_key = key.replace(".attn.q.", ".attn.kv.")
+            if kv_key not in state_dict:
+                raise ValueError(f"checkpoint has {key} but no {kv_key}; the authors' PVT attention has both.")
+            out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([value, state_dict[kv_key]], dim=0)
+            continue
+        out[key] = value
+    return out
+
+
+def resize_tables_to_model(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Resize every `positional_encoding` whose token count differs from the model's (grid from the model)."""
+    grids = {name: tuple(module.pos_size) for name, module in model.named_modules() if hasattr(module, "pos_size")}
+    target = model.state_dict()
+    for key, value in list(state_dict.items()):
+        if not key.endswith("positional_encoding") or key not in target:
+            continue
+        if value.shape == target[key].shape:
+            continue
+        new_size = grids[key[: -len(".positional_encoding")]]
+        tokens = value.shape[1]
+        side = int(round(tokens**0.5))
+        if side * side != tokens:
+            raise ValueError(
+                f"cannot resize {key} of shape {tuple(value.shape)}: its {tokens} tokens are not a square grid; "
+                "convert it at the resolution it was trained at."
+            )
+        state_dict[key] = resize_positional_table(value, (side, side), new_size)
+    return state_dict
+
+
+def _unwrap_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    if "model" in checkpoint or "state_dict_ema" in checkpoint or "state_dict" in checkpoint:
+        return extract_model_state_dict(checkpoint)
+    return checkpoint
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Convert a FLatten-PVTv2 checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
+
+    Accepts the authors' whole file (`model`, maybe `state_dict_ema`, `optimizer`, `config`) or its `model` dict;
+    fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `block{s}`, `norm{s}`, `dwconv.dwconv`
+    and `head`, and resizes the positional encodings when the model was built for another resolution.
+    """
+    state_dict = _unwrap_checkpoint(state_dict)
+    if any(key.startswith("stages.") for key in state_dict):
+        return resize_tables_to_model(dict(state_dict), model)
+    out = {}
+    for key, value in _fuse_q_kv(state_dict).items():
+        key = re.sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed.", key)
+        key = re.sub(r"^block(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
+        key = re.sub(r"^norm(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.norm.", key)
+        key = key.replace(".mlp.dwconv.dwconv.", ".mlp.dwconv.")
+        key = re.sub(r"^head\.", "head.fc.", key)
+        out[key] = value
+    return resize_tables_to_model(out, model)
+
+
+def route_files_to_custom_load(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keep `custom_load` on when the user points the cfg at a local file or url.
+
+    timm resets `custom_load` to False whenever `pretrained_cfg_overlay` names a weight source, which would send the
+    authors' .pth (with its pickled config) to timm's strict safe loader. Our `load_pretrained` reads both the
+    authors' files and converted ones, so the overlay keeps it unless the caller set `custom_load` themselves.
+    """
+    overlay = kwargs.get("pretrained_cfg_overlay")
+    if overlay and (overlay.get("file") or overlay.get("url")):
+        kwargs["pretrained_cfg_overlay"] = dict(overlay, custom_load=overlay.get("custom_load", True))
+    return kwargs
+
+
+def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    kwargs = route_files_to_custom_load(kwargs)
+    return build_model_with_cfg(
+        FlattenPvtV2,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg={"feature_cls": "getter", "out_indices": out_indices},
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs) -> dict[str, Any]:
+    return {
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": (7, 7),
+        "crop_pct": 0.9,
+        "interpolation": "bicubic",
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "stages.0.patch_embed.proj",
+        "classifier": "head.fc",
+        "fixed_input_size": False,
+        "custom_load": True,
+        "license": "apache-2.0",
+        "paper_ids": ["arXiv:2308.00442", "arXiv:2106.13797"],
+        "paper_name": "FLatten Transformer: Vision Transformer using Focused Linear Attention",
+        **kwargs,
+    }
+
+
+# The authors publish their weights on Tsinghua cloud / Google Drive only; load them with
+# pretrained_cfg_overlay=dict(file="path/to/flatten_pvt_v2_b0.pth").
+default_cfgs = generate_default_cfgs(
+    {
+        "flatten_pvt_v2_b0.in1k": _cfg(),
+        "flatten_pvt_v2_b1.in1k": _cfg(),
+        "flatten_pvt_v2_b2.in1k": _cfg(),
+        "flatten_pvt_v2_b3.in1k": _cfg(),
+        "flatten_pvt_v2_b4.in1k": _cfg(),
+    }
+)
+
+_B1_PLUS = {"embed_dims": (64, 128, 320, 512), "num_heads": (1, 2, 5, 8), "mlp_ratios": (8, 8, 4, 4)}
+
+
+@register_model
+def flatten_pvt_v2_b0(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B0: 3.6M params, 0.58G MACs, 71.1% ImageNet-1k top-1 (published)."""
+    args = {
+        "embed_dims": (32, 64, 160, 256),
+        "num_heads": (1, 2, 5, 8),
+        "mlp_ratios": (8, 8, 4, 4),
+        "depths": (2, 2, 2, 2),
+    }
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b0", pretrained=pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def flatten_pvt_v2_b1(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B1: 12.9M params, 2.22G MACs, 79.5% ImageNet-1k top-1 (published)."""
+    args = dict(_B1_PLUS, depths=(2, 2, 2, 2))
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b1", pretrained=pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def flatten_pvt_v2_b2(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B2: 22.6M params, 4.25G MACs, 82.5% ImageNet-1k top-1 (published)."""
+    args = dict(_B1_PLUS, depths=(3, 4, 6, 3))
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b2", pretrained=pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def flatten_pvt_v2_b3(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B3 (PVTv2-B3 depths 3, 4, 18, 3); the paper publishes no size or accuracy for it."""
+    args = dict(_B1_PLUS, depths=(3, 4, 18, 3))
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b3", pretrained=pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def flatten_pvt_v2_b4(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B4 (PVTv2-B4 depths 3, 8, 27, 3); the paper publishes no size or accuracy for it."""
+    args = dict(_B1_PLUS, depths=(3, 8, 27, 3))
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b4", pretrained=pretrained, **dict(args, **kwargs))
