@@ -7,10 +7,13 @@ whatever code a file names, known configuration classes are mapped onto an inert
 rebuilds them as plain ``OrderedDict`` objects and never imports or calls the original class. Any other foreign
 global is refused with an error that names it; ``trusted=True`` lifts the restriction for files the user trusts.
 
-timm integration: a family's pretrained cfg sets ``custom_load=True`` and its model defines
-``load_pretrained(self, checkpoint_path)`` that calls :func:`load_pretrained_file`; timm's ``load_pretrained`` then
-hands the file to the model instead of reading it with its own (strict) loader, so
-``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the authors' raw files.
+timm integration: a family's model defines ``load_pretrained(self, checkpoint_path)`` that calls
+:func:`load_pretrained_file`, its pretrained cfgs set ``custom_load=True``, and its ``_create_*`` function passes its
+kwargs through :func:`route_pretrained_to_model` (timm 1.0.31 resets ``custom_load`` to False when
+``pretrained_cfg_overlay`` names a ``file`` or ``url``; this sets it back). timm's ``load_pretrained`` then hands the
+file to the model instead of reading it with its own loader (which refuses the pickled config and prefers EMA
+weights), so ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the
+authors' raw files, safetensors from ``linvit convert``, and plain state dicts alike.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "extract_model_state_dict",
     "load_checkpoint_file",
     "load_pretrained_file",
+    "route_pretrained_to_model",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -295,3 +299,22 @@ def load_pretrained_file(
         )
     if allowed_missing:
         _logger.info("Classifier left at its initialisation (class count differs from the checkpoint).")
+
+
+_FILE_SOURCES = ("file", "url")
+
+
+def route_pretrained_to_model(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Make timm hand a user-supplied weight ``file``/``url`` to the model's own ``load_pretrained``.
+
+    timm resets ``custom_load`` to False when ``pretrained_cfg_overlay`` (or a ``pretrained_cfg`` dict) names a
+    weight source; this sets it to True unless the caller chose a value. Returns a new kwargs dict.
+    """
+    kwargs = dict(kwargs)
+    for key in ("pretrained_cfg_overlay", "pretrained_cfg"):
+        cfg = kwargs.get(key)
+        if isinstance(cfg, Mapping) and any(cfg.get(source) for source in _FILE_SOURCES):
+            cfg = dict(cfg)
+            cfg.setdefault("custom_load", True)
+            kwargs[key] = cfg
+    return kwargs
