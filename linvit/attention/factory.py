@@ -17,7 +17,7 @@ __all__ = ["ATTENTION_NAMES", "create_attention"]
 _BASELINE_DEFAULTS = {"dwc_kernel_size": 0, "pos_encoding": "none"}
 
 _BUILDERS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any]]] = {
-    "focused": (FocusedLinearAttention, {"kernel": "focused"}),
+    "focused": (FocusedLinearAttention, {}),  # kernel="focused" by default, any kernel may be passed
     "linear": (FocusedLinearAttention, {"kernel": "relu", **_BASELINE_DEFAULTS}),
     "elu": (FocusedLinearAttention, {"kernel": "elu", **_BASELINE_DEFAULTS}),
     "favor": (FocusedLinearAttention, {"kernel": "favor", **_BASELINE_DEFAULTS}),

@@ -36,6 +36,7 @@ KERNEL_NAMES = ("focused", "relu", "elu", "favor", "taylor")
 
 # FX: record the float32 product as a call (its autocast guard needs a concrete device).
 torch.fx.wrap("full_precision_bmm")
+torch.fx.wrap("at_least_float32")
 
 
 def relu_feature_map(x: Tensor) -> Tensor:
@@ -120,7 +121,7 @@ def favor_feature_map(x: Tensor, projection: Tensor, is_query: bool, eps: float 
         stabiliser = wx.amax(dim=-1, keepdim=True)
     else:
         stabiliser = wx.amax(dim=-1, keepdim=True).amax(dim=1, keepdim=True)  # over all keys of a (batch, head)
-    return torch.exp(wx - half_sq_norm - stabiliser.detach()) * (projection.shape[0] ** -0.5) + eps
+    return torch.exp(wx - half_sq_norm - stabiliser) * (projection.shape[0] ** -0.5) + eps
 
 
 def orthogonal_random_projection(

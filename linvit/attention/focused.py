@@ -39,18 +39,19 @@ POS_ENCODINGS = ("learnable", "conv", "none")
 # float32 cores (their autocast guard needs a concrete device).
 torch.fx.wrap("check_token_grid")
 torch.fx.wrap("padding_valid_map")
+torch.fx.wrap("at_least_float32")
 
 
 def resize_positional_table(table: Tensor, table_size: tuple[int, int], size: tuple[int, int]) -> Tensor:
     """(1, th*tw, C) positional table for a (th, tw) grid -> (1, h*w, C) for an (h, w) grid.
 
-    Bicubic interpolation (align_corners=False) in float32, the convention of timm and of the FLatten checkpoints'
-    resolution changes; the table is returned unchanged when the sizes agree.
+    Bicubic interpolation (align_corners=False) in at least float32, the convention of timm and of the FLatten
+    checkpoints' resolution changes; the table is returned unchanged when the sizes agree.
     """
     if table_size[0] == size[0] and table_size[1] == size[1]:
         return table
     channels = table.shape[-1]
-    image = table.reshape(1, table_size[0], table_size[1], channels).permute(0, 3, 1, 2).float()
+    image = at_least_float32(table.reshape(1, table_size[0], table_size[1], channels).permute(0, 3, 1, 2))
     image = F.interpolate(image, size=(size[0], size[1]), mode="bicubic", align_corners=False)
     return image.permute(0, 2, 3, 1).reshape(1, size[0] * size[1], channels).to(table.dtype)
 

@@ -23,6 +23,7 @@ __all__ = ["linear_attention", "linear_attention_tokens"]
 
 # FX: record the float32 products as calls (their autocast guard needs a concrete device).
 torch.fx.wrap("full_precision_bmm")
+torch.fx.wrap("at_least_float32")
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None, eps: float = 1e-6) -> Tensor:

@@ -1,0 +1,98 @@
+"""TorchScript and FX for every attention module, and the factory."""
+
+import pytest
+import torch
+import torch.fx
+from torch import nn
+
+from linvit.attention import ATTENTION_NAMES, HybridAttention, WindowAttention, create_attention
+
+CONFIGS = [
+    ("focused", {"pos_size": (4, 4)}),
+    ("focused", {"window_size": 4}),  # windowed, padded at (5, 7)
+    ("focused", {"pos_encoding": "conv", "dwc_kernel_size": 3}),
+    ("linear", {}),
+    ("elu", {}),
+    ("favor", {}),
+    ("taylor", {}),
+    ("window", {"window_size": 4, "shift_size": 2}),
+    ("softmax", {}),
+    ("hybrid", {"window_size": 4, "shift_size": 2}),
+]
+HW = (5, 7)
+
+
+def _build(name, kwargs):
+    torch.manual_seed(0)
+    return create_attention(name, 16, 2, **kwargs).eval()
+
+
+class FixedGrid(nn.Module):
+    """Wrapper with a concrete (H, W), as a traced block with a known resolution sees it."""
+
+    def __init__(self, attention, hw):
+        super().__init__()
+        self.attention = attention
+        self.hw = hw
+
+    def forward(self, x):
+        return self.attention(x, self.hw)
+
+
+class ImageWrapper(nn.Module):
+    """(B, C, H, W) in and out, with (H, W) read from the input, as a backbone does."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x):
+        height, width = x.shape[-2:]
+        tokens = x.flatten(2).transpose(1, 2)
+        out = self.attention(tokens, (height, width))
+        return out.transpose(1, 2).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS)
+def test_torchscript_matches_eager(name, kwargs):
+    module = _build(name, kwargs)
+    scripted = torch.jit.script(module)
+    x = torch.randn(2, HW[0] * HW[1], 16)
+    torch.testing.assert_close(scripted(x, HW), module(x, HW))
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS)
+def test_fx_symbolic_trace_with_concrete_grid(name, kwargs):
+    """Traced through (not a leaf): the graph holds the attention's own operations."""
+    module = FixedGrid(_build(name, kwargs), HW)
+    graph_module = torch.fx.symbolic_trace(module)
+    assert len(graph_module.graph.nodes) > 5
+    x = torch.randn(2, HW[0] * HW[1], 16)
+    torch.testing.assert_close(graph_module(x), module(x))
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS)
+def test_timm_feature_extractor_with_traced_sizes(name, kwargs):
+    """timm's FX feature extraction keeps the attentions as leaves when (H, W) come from traced shapes."""
+    from timm.layers import create_feature_extractor
+
+    module = ImageWrapper(_build(name, kwargs))
+    extractor = create_feature_extractor(module, return_nodes=["attention"])
+    for hw in (HW, (6, 3)):
+        x = torch.randn(2, 16, *hw)
+        torch.testing.assert_close(extractor(x)["attention"], module.attention(x.flatten(2).transpose(1, 2), hw))
+
+
+def test_factory_names_and_errors():
+    assert set(ATTENTION_NAMES) == {"focused", "linear", "elu", "favor", "taylor", "window", "softmax", "hybrid"}
+    assert isinstance(create_attention("window", 16, 2), WindowAttention)
+    assert isinstance(create_attention("hybrid", 16, 2), HybridAttention)
+    baseline = create_attention("linear", 16, 2)
+    assert baseline.dwc is None and baseline.positional_encoding is None and baseline.kernel == "relu"
+    assert create_attention("elu", 16, 2, dwc_kernel_size=5).dwc is not None
+    with pytest.raises(ValueError, match="valid names are focused, linear"):
+        create_attention("performer", 16, 2)
+    with pytest.raises(ValueError, match="kernel"):
+        create_attention("linear", 16, 2, kernel="elu")
+    focused = create_attention("focused", 16, 2, kernel="taylor", pos_encoding="none")
+    assert focused.kernel == "taylor"

@@ -1,0 +1,143 @@
+"""WindowAttention, GlobalAttention and HybridAttention against naive, loop-based softmax attention."""
+
+import math
+
+import pytest
+import torch
+
+from linvit.attention import FocusedLinearAttention, GlobalAttention, HybridAttention, WindowAttention
+
+
+def _randomise(module, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.3)
+    return module
+
+
+def _tokens(batch, hw, channels, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, hw[0] * hw[1], channels, generator=generator, dtype=torch.float64)
+
+
+def swin_region_labels(padded_hw, window, shift):
+    """Swin's construction of the shift mask: label the slices of the rolled map, one id per region."""
+    labels = torch.zeros(padded_hw, dtype=torch.long)
+    h_slices = [slice(0, padded_hw[0] - window[0]), slice(padded_hw[0] - window[0], padded_hw[0] - shift[0])]
+    w_slices = [slice(0, padded_hw[1] - window[1]), slice(padded_hw[1] - window[1], padded_hw[1] - shift[1])]
+    if shift[0]:
+        h_slices.append(slice(padded_hw[0] - shift[0], padded_hw[0]))
+    if shift[1]:
+        w_slices.append(slice(padded_hw[1] - shift[1], padded_hw[1]))
+    count = 0
+    for hs in h_slices:
+        for ws in w_slices:
+            labels[hs, ws] = count
+            count += 1
+    return labels
+
+
+def reference_window_attention(module, x, hw):
+    """Per window, per query token, an explicit softmax over the keys it may see (same window, same shift region,
+    real token), with Swin's relative position bias looked up from the offsets."""
+    height, width = hw
+    batch, _, channels = x.shape
+    heads, head_dim = module.num_heads, channels // module.num_heads
+    full_h, full_w = module.window_size
+    wh, ww = min(full_h, height), min(full_w, width)
+    sh = module.shift_size[0] if height > full_h else 0
+    sw = module.shift_size[1] if width > full_w else 0
+    padded = (math.ceil(height / wh) * wh, math.ceil(width / ww) * ww)
+    qkv = module.qkv(x).reshape(batch, height, width, 3, heads, head_dim)
+    # Positions of the rolled, padded map: rolled (r, c) shows original ((r + sh) % Hp, (c + sw) % Wp).
+    labels = swin_region_labels(padded, (wh, ww), (sh, sw))
+    out = torch.zeros(batch, height, width, heads, head_dim, dtype=x.dtype)
+    for top in range(0, padded[0], wh):
+        for left in range(0, padded[1], ww):
+            cells = [(top + i, left + j) for i in range(wh) for j in range(ww)]
+            real = [
+                (r, c, (r + sh) % padded[0], (c + sw) % padded[1])
+                for r, c in cells
+                if (r + sh) % padded[0] < height and (c + sw) % padded[1] < width
+            ]
+            for qr, qc, oqr, oqc in real:
+                keys = [(kr, kc, okr, okc) for kr, kc, okr, okc in real if labels[kr, kc] == labels[qr, qc]]
+                q = qkv[:, oqr, oqc, 0]  # (B, heads, d)
+                k = torch.stack([qkv[:, okr, okc, 1] for _, _, okr, okc in keys], dim=2)  # (B, heads, n, d)
+                v = torch.stack([qkv[:, okr, okc, 2] for _, _, okr, okc in keys], dim=2)
+                bias_index = [
+                    (qr - kr + full_h - 1) * (2 * full_w - 1) + (qc - kc + full_w - 1) for kr, kc, _, _ in keys
+                ]
+                bias = module.relative_position_bias_table[bias_index].t()  # (heads, n)
+                scores = (q.unsqueeze(2) * k).sum(-1) / math.sqrt(head_dim) + bias
+                out[:, oqr, oqc] = (torch.softmax(scores, dim=-1).unsqueeze(-1) * v).sum(2)
+    return module.proj(out.reshape(batch, height * width, channels))
+
+
+@pytest.mark.parametrize(
+    "hw,window,shift",
+    [
+        ((8, 8), 4, 0),
+        ((8, 8), 4, 2),
+        ((9, 7), 4, 2),  # padded, shifted
+        ((10, 5), (4, 3), (2, 1)),  # non-square window
+        ((3, 9), 4, 2),  # clamped in H (no shift there), shifted and padded in W
+        ((3, 3), 7, 3),  # map smaller than the window: one window, no shift
+    ],
+)
+def test_window_attention_equals_naive_reference(hw, window, shift):
+    module = _randomise(WindowAttention(16, 2, window_size=window, shift_size=shift, dtype=torch.float64)).eval()
+    x = _tokens(2, hw, 16)
+    torch.testing.assert_close(module(x, hw), reference_window_attention(module, x, hw), rtol=1e-10, atol=1e-10)
+
+
+def test_window_attention_float32():
+    module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2)).eval()
+    x = _tokens(1, (9, 7), 16).float()
+    torch.testing.assert_close(module(x, (9, 7)), reference_window_attention(module, x, (9, 7)), rtol=1e-5, atol=1e-5)
+
+
+def test_window_attention_state_dict():
+    module = WindowAttention(96, 3, window_size=7)
+    state = module.state_dict()
+    assert set(state) == {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "relative_position_bias_table"}
+    assert state["relative_position_bias_table"].shape == (169, 3)
+    assert module.relative_position_index.shape == (49, 49)
+
+
+def test_window_attention_errors():
+    with pytest.raises(ValueError, match="shift"):
+        WindowAttention(16, 2, window_size=4, shift_size=4)
+    with pytest.raises(ValueError, match="divisible"):
+        WindowAttention(18, 4)
+    with pytest.raises(ValueError, match="H \\* W"):
+        WindowAttention(16, 2)(torch.randn(1, 10, 16), (3, 4))
+
+
+def test_global_attention_equals_naive_softmax():
+    module = _randomise(GlobalAttention(16, 4, dtype=torch.float64)).eval()
+    x = _tokens(2, (3, 5), 16)
+    q, k, v = module.qkv(x).reshape(2, 15, 3, 4, 4).permute(2, 0, 3, 1, 4)
+    attn = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+    expected = module.proj((attn @ v).transpose(1, 2).reshape(2, 15, 16))
+    torch.testing.assert_close(module(x, (3, 5)), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_hybrid_is_window_softmax_plus_global_linear():
+    hybrid = _randomise(HybridAttention(16, 2, window_size=4, shift_size=2, dtype=torch.float64)).eval()
+    window = WindowAttention(16, 2, window_size=4, shift_size=2, dtype=torch.float64)
+    linear = FocusedLinearAttention(16, 2, pos_encoding="none", dtype=torch.float64)
+    with torch.no_grad():
+        for branch in (window, linear):
+            branch.qkv.weight.copy_(hybrid.qkv.weight)
+            branch.qkv.bias.copy_(hybrid.qkv.bias)
+            branch.proj.weight.copy_(torch.eye(16, dtype=torch.float64))
+            branch.proj.bias.zero_()
+        window.relative_position_bias_table.copy_(hybrid.local_attn.relative_position_bias_table)
+        linear.scale.copy_(hybrid.global_attn.scale)
+        linear.dwc.load_state_dict(hybrid.global_attn.dwc.state_dict())
+    hw = (9, 6)
+    x = _tokens(2, hw, 16)
+    expected = hybrid.proj(window(x, hw) + linear(x, hw))
+    torch.testing.assert_close(hybrid(x, hw), expected, rtol=1e-10, atol=1e-10)
