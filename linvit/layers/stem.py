@@ -7,7 +7,7 @@ from torch import nn
 
 
 class ConvStem(nn.Module):
-    """Two stride-2 3x3 convolutions (BatchNorm + GELU between them), then a LayerNorm-free BatchNorm.
+    """Two stride-2 3x3 convolutions (BatchNorm + GELU between them), then BatchNorm.
 
     Any input size works: each convolution pads by one and rounds up, so the output is ceil(H / 4) x ceil(W / 4).
     The output is returned in channels-last memory, so the blocks that follow can view it as (B, N, C) tokens
@@ -37,4 +37,6 @@ class ConvStem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)
         x = self.act(self.norm1(self.conv1(x)))
-        return self.norm2(self.conv2(x))
+        # a 1-channel input is both NCHW- and channels-last-contiguous, and the convolution may then answer in NCHW:
+        # insist on channels-last (a no-op when it already is)
+        return self.norm2(self.conv2(x)).contiguous(memory_format=torch.channels_last)

@@ -85,13 +85,18 @@ class LinViTStage(nn.Module):
         self.grad_checkpointing = False
         self.downsample = ConvDownsample(in_dim, dim, **dd) if downsample else nn.Identity()
         drop_paths = [drop_path] * depth if isinstance(drop_path, (int, float)) else list(drop_path)
+        attn_kwargs = dict(attn_kwargs or {})
+        # windowed attentions alternate plain and half-shifted windows (as Swin) unless the caller fixed the shift
+        shifted = attention in ("window", "hybrid") and "shift_size" not in attn_kwargs
+        window_size = attn_kwargs.get("window_size", 7)
+        shift = window_size // 2 if isinstance(window_size, int) else tuple(w // 2 for w in window_size)
         self.blocks = nn.ModuleList(
             [
                 TransformerBlock(
                     dim,
                     num_heads,
                     attention=attention,
-                    attn_kwargs=attn_kwargs,
+                    attn_kwargs={**attn_kwargs, "shift_size": shift} if shifted and i % 2 == 1 else attn_kwargs,
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
                     proj_drop=proj_drop,
