@@ -3,7 +3,7 @@
 Classes: 0 background, 1 disc, 2 square, 3 triangle (``num_classes`` ≤ 4 uses the first ones). Each shape class
 has its own hue (jittered) and texture; the background is smooth coloured noise. A one-pixel band around every
 shape is marked 255 (ignored), as in real datasets whose boundaries are uncertain. Written as PNGs in the folder
-layout :class:`linvit.dense.seg_data.SegmentationFolder` reads: ``root/{train,val}/{images,masks}/<stem>.png``.
+layout :class:`linvit.dense.seg_data.SegmentationFolder` reads: ``root/{train,val,test}/{images,masks}/<stem>.png``.
 """
 
 from __future__ import annotations
@@ -75,11 +75,14 @@ def generate_synthetic_segmentation(
     root: str | os.PathLike,
     num_train: int = 64,
     num_val: int = 16,
+    num_test: int = 0,
     size: tuple[int, int] = (96, 128),
     num_classes: int = 4,
     seed: int = 0,
 ) -> Path:
-    """Write ``num_train`` + ``num_val`` pairs under ``root/{train,val}/{images,masks}``; returns ``root``.
+    """Write ``num_train`` / ``num_val`` / ``num_test`` pairs under ``root/{train,val,test}/{images,masks}``.
+
+    Returns ``root``; a split with no images is not created.
 
     Deterministic for a given ``seed``. Existing files are overwritten.
     """
@@ -87,7 +90,9 @@ def generate_synthetic_segmentation(
 
     root = Path(root)
     rng = np.random.default_rng(seed)
-    for split, count in (("train", num_train), ("val", num_val)):
+    for split, count in (("train", num_train), ("val", num_val), ("test", num_test)):
+        if count == 0:
+            continue
         (root / split / "images").mkdir(parents=True, exist_ok=True)
         (root / split / "masks").mkdir(parents=True, exist_ok=True)
         for index in range(count):
