@@ -26,9 +26,11 @@ __all__ = ["SemanticFPNHead", "UPerNetHead", "SegmentationModel", "create_segmen
 SEGMENTATION_HEADS = ("fpn", "upernet")
 
 
-def _conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, device=None, dtype=None) -> nn.Sequential:
+def _conv_norm_act(
+    in_channels: int, out_channels: int, kernel_size: int = 3, max_groups: int = 32, device=None, dtype=None
+) -> nn.Sequential:
     # GroupNorm: batch statistics are unreliable at the small batches of high-resolution segmentation
-    groups = math.gcd(32, out_channels)
+    groups = math.gcd(max_groups, out_channels)
     return nn.Sequential(
         nn.Conv2d(
             in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False, device=device, dtype=dtype
@@ -92,7 +94,10 @@ class UPerNetHead(nn.Module):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.pool_scales = list(pool_scales)
-        self.ppm_convs = nn.ModuleList(_conv_norm_act(in_channels[-1], channels, 1, **factory) for _ in pool_scales)
+        # one norm group: a 1×1 pooled map at batch 1 still has `channels` values to normalise over
+        self.ppm_convs = nn.ModuleList(
+            _conv_norm_act(in_channels[-1], channels, 1, max_groups=1, **factory) for _ in pool_scales
+        )
         self.ppm_bottleneck = _conv_norm_act(in_channels[-1] + len(pool_scales) * channels, channels, **factory)
         self.lateral_convs = nn.ModuleList(_conv_norm_act(c, channels, 1, **factory) for c in in_channels[:-1])
         self.fpn_convs = nn.ModuleList(_conv_norm_act(channels, channels, **factory) for _ in in_channels[:-1])
