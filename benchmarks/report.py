@@ -295,6 +295,12 @@ def _machine_lines(data: dict) -> list[str]:
             f"{', '.join(run['settings']['suites'])}, {run['settings']['dtype']}, "
             f"device {run['settings'].get('device')}, threads {m.get('torch_threads')}"
         )
+        git = run.get("git")
+        if git:
+            lines.append(
+                f"  - code: commit {git.get('commit')}, {git.get('measured')} "
+                f"({git.get('uncommitted_files')} uncommitted file(s) under linvit/ and benchmarks/ at the time)"
+            )
         lines.append(
             f"  - {m.get('gpu') or m.get('cpu')} ({m.get('cpu_count')} CPUs, {m.get('memory_gib')} GiB); "
             f"fp32 GEMM peak {_fmt(m.get('gemm_peak_gflops'), 0)} GFLOP/s; {versions}; env {m.get('env')}"

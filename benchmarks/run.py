@@ -58,8 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-batch", type=int, default=None, help="training batch (default 32)")
     parser.add_argument("--compile-sizes", default=None, help="torch.compile sizes (default 224,1024)")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-case memory processes")
+    parser.add_argument("--no-latency", action="store_true", help="measure memory only (keeps earlier latencies)")
     parser.add_argument("--repeats", type=int, default=None, help="most timed calls per case")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timed calls per case")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="measure the committed code (git archive HEAD into a temporary folder), not the working tree",
+    )
     parser.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is abandoned")
 
 
@@ -103,6 +109,7 @@ def _settings(args) -> dict:
         "budget": args.budget or (0.5 if quick else 15.0),
         "case_timeout": args.case_timeout or (120.0 if quick else 900.0),
         "memory": not args.no_memory,
+        "latency": not args.no_latency,
         "quick": quick,
     }
 
@@ -127,8 +134,22 @@ def _worker_env(settings: dict, kind: str) -> dict:
     if kind == "memory":
         # Large blocks always come from mmap and go back on free, so resident memory follows live tensors.
         env.update(MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(settings["code_root"]), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _snapshot(into: str) -> Path:
+    """The committed tree (HEAD) extracted into ``into``; workers then import linvit and benchmarks from there."""
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return Path(into)
 
 
 def _describe(case: dict) -> str:
@@ -167,7 +188,7 @@ def run_workers(cases: list[dict], kind: str, settings: dict, fresh_per_case: bo
                 if settings["quick"]:
                     command += ["--warmup", "1"]
                 process = subprocess.Popen(
-                    command, cwd=REPO_ROOT, env=_worker_env(settings, kind), start_new_session=True
+                    command, cwd=settings["code_root"], env=_worker_env(settings, kind), start_new_session=True
                 )
                 seen = 0
                 started_at = time.time()
@@ -232,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
 def run(args, command: list[str] | None = None) -> int:
     settings = _settings(args)
     settings["device"] = args.device
+    with tempfile.TemporaryDirectory(prefix="linvit-snapshot-") as snapshot_dir:
+        settings["code_root"] = _snapshot(snapshot_dir) if args.snapshot else REPO_ROOT
+        return _run_suites(args, settings, command)
+
+
+def _run_suites(args, settings: dict, command: list[str] | None) -> int:
     default_out = (
         REPO_ROOT / "benchmarks" / "results" / ("tmp/quick" if settings["quick"] else args.device.split(":")[0])
     )
@@ -263,8 +290,10 @@ def run(args, command: list[str] | None = None) -> int:
             cases = suite_cases.compile_cases(settings["models"], settings["compile_sizes"])
             memory_cases = []
         # The machine's description and GEMM peak come from the first worker, in the same conditions as the cases.
-        records += run_workers(machine_case + cases, "latency", settings, fresh_per_case=False)
-        machine_case = []
+        if settings["latency"] or machine_case:
+            latency_cases = cases if settings["latency"] else []
+            records += run_workers(machine_case + latency_cases, "latency", settings, fresh_per_case=False)
+            machine_case = []
         if settings["memory"] and memory_cases:
             records += run_workers(memory_cases, "memory", settings, fresh_per_case=True)
 
@@ -274,7 +303,12 @@ def run(args, command: list[str] | None = None) -> int:
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()),
         "command": "python -m benchmarks.run " + shlex.join(command or []),
-        "settings": {k: v for k, v in settings.items() if k not in ("heads", "sizes")},
+        "git": {
+            "commit": _git("rev-parse", "--short", "HEAD"),
+            "measured": "committed tree (--snapshot)" if args.snapshot else "working tree",
+            "uncommitted_files": len(_git("status", "--porcelain", "--", "linvit", "benchmarks").splitlines()),
+        },
+        "settings": {k: v for k, v in settings.items() if k not in ("heads", "sizes", "code_root")},
         "machine": {k: v for k, v in machine.items() if k not in ("event", "key", "kind", "case", "status")},
     }
     data = _merge(out_dir, run_info, records)
