@@ -1,0 +1,40 @@
+"""Callbacks that the crash tests inject into ``train.py`` runs (``+callbacks.<name>=...``); on PYTHONPATH there."""
+
+import hashlib
+import json
+import os
+import signal
+
+from lightning.pytorch import Callback
+
+
+class SignalAtStep(Callback):
+    """Send ``signal_name`` to this process when the training batch after ``step`` optimiser steps starts.
+
+    The signal lands while a batch is in flight, like a real one. SIGKILL ends the process on the spot (no handler,
+    no cleanup), like the OOM killer or a node failure; SIGTERM is what SLURM sends before pre-emption.
+    """
+
+    def __init__(self, step: int, signal_name: str = "SIGKILL"):
+        self.step = int(step)
+        self.signal = getattr(signal, signal_name)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signal)
+
+
+class RecordFinalState(Callback):
+    """At the end of fit, write the optimiser step count, epoch and a digest of every weight to a JSON file."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        digest = hashlib.sha256()
+        for name, tensor in sorted(pl_module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        state = {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "weights": digest.hexdigest()}
+        with open(self.path, "w") as file:
+            json.dump(state, file)
