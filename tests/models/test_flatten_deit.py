@@ -1,0 +1,198 @@
+"""FLatten-DeiT: the paper's DeiT variant (class token in the linear attention, DWC on patch tokens only)."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import linvit.attention.linear as linear_ops
+import linvit.models  # noqa: F401  (registers the models)
+from linvit.models.flatten_deit import FLattenDeiTAttention
+from linvit.utils import count_macs, count_params
+
+NAME = "flatten_deit_tiny_patch16_224"
+TINY = {"embed_dim": 32, "depth": 4, "num_heads": 2, "num_classes": 10}
+
+
+def test_param_count_matches_paper():
+    model = timm.create_model(NAME, device="meta")
+    assert count_params(model) == pytest.approx(6.1e6, rel=0.01)
+    small = timm.create_model("flatten_deit_small_patch16_224", device="meta")
+    assert count_params(small) == pytest.approx(22.90e6, rel=0.001)  # DeiT-S 22.05M + FLatten's per-block tables
+
+
+def test_macs_match_paper_to_its_precision(monkeypatch):
+    """The paper gives 1.1G (two digits). Counted as the paper does: every product of the definition, the linear
+    attention per head (linvit's fast path for <= 4 heads does heads x those MACs against a block-diagonal state)."""
+    if hasattr(linear_ops, "_per_head") and hasattr(linear_ops, "_blockwise"):
+        monkeypatch.setattr(linear_ops, "_blockwise", linear_ops._per_head)
+    model = timm.create_model(NAME)
+    macs = count_macs(model, (3, 224, 224))
+    assert abs(macs - 1.1e9) < 0.05e9, macs
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the attention against a slow, per-head restatement of the design
+# ------------------------------------------------------------------------------------------------------------------
+def _reference_attention(attn: FLattenDeiTAttention, x, hw, table_grid):
+    B, N, C = x.shape
+    heads, prefix = attn.num_heads, attn.num_prefix_tokens
+    q, k, v = attn.qkv(x).reshape(B, N, 3, C).permute(2, 0, 1, 3).unbind(0)
+    table = attn.positional_encoding.reshape(1, *table_grid, C).permute(0, 3, 1, 2)
+    table = F.interpolate(table, size=hw, mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, -1, C)
+    k = torch.cat([k[:, :prefix], k[:, prefix:] + table], dim=1)
+
+    def focused(t):
+        t = (F.relu(t) + 1e-6) / F.softplus(attn.scale)
+        return t.norm(dim=-1, keepdim=True) * t**3 / (t**3).norm(dim=-1, keepdim=True)
+
+    q, k = focused(q), focused(k)
+    q, k, v = (t.reshape(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
+    z = 1 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + 1e-6)
+    out = (q @ ((k.transpose(-2, -1) / N**0.5) @ (v / N**0.5))) * z  # (B, h, N, d)
+    patches_v = v[:, :, prefix:].reshape(B * heads, *hw, -1).permute(0, 3, 1, 2)  # each head as a (d, H, W) image
+    local = attn.dwc(patches_v).reshape(B, heads, -1, hw[0] * hw[1]).transpose(-2, -1)
+    out = torch.cat([out[:, :, :prefix], out[:, :, prefix:] + local], dim=2)
+    return attn.proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+def test_attention_matches_reference_with_class_token_and_resized_table():
+    torch.manual_seed(0)
+    attn = FLattenDeiTAttention(24, 3, pos_size=(4, 6)).eval()
+    with torch.no_grad():
+        for param in (attn.positional_encoding, attn.scale):
+            param.normal_(0, 0.5)
+    hw = (5, 7)
+    x = torch.randn(2, 1 + 35, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, hw), _reference_attention(attn, x, hw, (4, 6)), rtol=1e-5, atol=1e-5)
+
+
+def test_class_token_output_has_no_dwc_term():
+    torch.manual_seed(0)
+    attn = FLattenDeiTAttention(16, 2, pos_size=(3, 3)).eval()
+    x = torch.randn(1, 10, 16)
+    with torch.no_grad():
+        before = attn(x, (3, 3))
+        attn.dwc.weight.add_(1.0)
+        after = attn(x, (3, 3))
+    torch.testing.assert_close(after[:, 0], before[:, 0])
+    assert not torch.allclose(after[:, 1:], before[:, 1:])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# model
+# ------------------------------------------------------------------------------------------------------------------
+def _tiny(**overrides):
+    torch.manual_seed(0)
+    return timm.create_model(NAME, **dict(TINY, **overrides)).eval()
+
+
+def test_odd_non_square_input_and_features_only():
+    model = _tiny()
+    x = torch.randn(1, 3, 333, 517)
+    with torch.no_grad():
+        assert model(x).shape == (1, 10)
+    features = timm.create_model(NAME, features_only=True, out_indices=(1, 3), **TINY).eval()
+    assert features.feature_info.reduction() == [16, 16]
+    with torch.no_grad():
+        maps = features(x)
+    assert [tuple(m.shape) for m in maps] == [(1, 32, 21, 33)] * 2
+
+
+def test_forward_intermediates_agree_with_forward_features():
+    model = _tiny()
+    x = torch.randn(2, 3, 96, 64)
+    with torch.no_grad():
+        final, intermediates = model.forward_intermediates(x)
+        torch.testing.assert_close(final, model.forward_features(x))
+        assert [tuple(t.shape) for t in intermediates] == [(2, 32, 6, 4)] * 4
+        early = model.forward_intermediates(x, indices=[1], stop_early=True, intermediates_only=True)
+        torch.testing.assert_close(early[0], intermediates[1])
+        tokens = final[:, 1:].reshape(2, 6, 4, 32).permute(0, 3, 1, 2)
+        normed = model.forward_intermediates(x, indices=1, norm=True, intermediates_only=True)[0]
+        torch.testing.assert_close(normed, tokens)
+        model.prune_intermediate_layers(indices=[0, 1])
+        pruned = model.forward_intermediates(x, indices=[0, 1], intermediates_only=True)
+    assert len(model.blocks) == 2
+    for a, b in zip(pruned, intermediates[:2]):
+        torch.testing.assert_close(a, b)
+
+
+def test_grad_checkpointing_and_every_parameter_gets_a_gradient():
+    model = _tiny()
+    x = torch.randn(2, 3, 48, 80)
+    with torch.no_grad():
+        expected = model(x)
+    model.set_grad_checkpointing(True)
+    model.train()
+    out = model(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_torchscript_and_fx():
+    from timm.layers import create_feature_extractor
+
+    model = _tiny()
+    x = torch.randn(1, 3, 64, 48)
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(torch.jit.script(model)(x), expected)
+        extractor = create_feature_extractor(model, return_nodes=["blocks.2", "norm"])
+        out = extractor(x)
+        torch.testing.assert_close(out["norm"], model.forward_features(x))
+
+
+def test_set_input_size_and_fixed_size_mode():
+    model = _tiny(img_size=64)
+    assert model.blocks[0].attn.pos_size == (4, 4)
+    model.blocks[0].attn.positional_encoding.requires_grad_(False)
+    model.set_input_size(img_size=(96, 128))
+    assert model.blocks[0].attn.positional_encoding.shape == (1, 48, 32)
+    assert not model.blocks[0].attn.positional_encoding.requires_grad
+    fixed = _tiny(img_size=64, dynamic_img_size=False, dynamic_img_pad=False, abs_pos_embed=True)
+    assert fixed.pos_embed.shape == (1, 17, 32)
+    with torch.no_grad():
+        assert fixed(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    with pytest.raises(AssertionError):
+        fixed(torch.randn(1, 3, 80, 64))
+
+
+def test_api_details():
+    model = timm.create_model(NAME, device="meta")
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in model.no_weight_decay():
+        assert any(fnmatch.fnmatch(n, pattern) for n in names), pattern
+    assert model.pretrained_cfg["paper_ids"] == "arXiv:2308.00442"
+    with pytest.raises(TypeError):
+        timm.create_model(NAME, device="meta", not_an_argument=1)
+    model.reset_classifier(0)
+    assert model.num_classes == 0 and isinstance(model.get_classifier(), torch.nn.Identity)
+
+
+def test_checkpoint_roundtrip_through_timm_and_resolution_change(tmp_path):
+    source = _tiny(img_size=64)
+    with torch.no_grad():
+        for block in source.blocks:
+            block.attn.positional_encoding.normal_(0, 0.3)
+    path = tmp_path / "flatten_deit.pth"
+    torch.save({"model": source.state_dict(), "epoch": 3, "config": {"MODEL": "flatten_deit"}}, path)
+    loaded = timm.create_model(
+        NAME, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **dict(TINY, img_size=64)
+    ).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), source(x))
+    bigger = timm.create_model(
+        NAME, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **dict(TINY, img_size=96)
+    ).eval()
+    assert bigger.blocks[0].attn.positional_encoding.shape == (1, 36, 32)
+    with torch.no_grad():
+        # resizing the table at load time equals resizing it at run time
+        torch.testing.assert_close(bigger(torch.ones(1, 3, 96, 96)), source(torch.ones(1, 3, 96, 96)))
