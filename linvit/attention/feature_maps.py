@@ -50,31 +50,27 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
 
 def _power(x: Tensor, p: float) -> Tensor:
-    # Integer powers as products: exact, and one or two cheap passes instead of a pow kernel with exp/log.
-    if p == 3.0:
-        return x * x * x
-    if p == 2.0:
-        return x * x
+    # pow special-cases the exponents 2 and 3 as products (x*x, x*x*x: exact, one pass, no exp/log).
     if p == 1.0:
         return x
     return x.pow(p)
 
 
 def focused_feature_parts(
-    x: Tensor, scale: Tensor | None, focusing_factor: float = 3.0, eps: float = 1e-6
+    x: Tensor, scale: Tensor | None, focusing_factor: float = 3.0, eps: float = 1e-6, dim: int = -1
 ) -> tuple[Tensor, Tensor]:
-    """The focused map split as φ(x) = x_p · α, with α a per-token factor (..., 1).
+    """The focused map split as φ(x) = x_p · α, with α a per-token factor (size 1 along `dim`).
 
-    x_p = ((relu(x) + eps) / softplus(scale))^p elementwise and α = ‖x'‖ / ‖x'^p‖ with the norms over the last
-    dimension (all C channels of a token, before any head split). Returning α separately lets the attention fold it
-    into the small per-token normaliser instead of rescaling the whole tensor.
+    x_p = ((relu(x) + eps) / softplus(scale))^p elementwise and α = ‖x'‖ / ‖x'^p‖ with the norms over `dim` (all C
+    channels of a token, before any head split). Returning α separately lets the attention fold it into the small
+    per-token normaliser instead of rescaling the whole tensor. `scale` must broadcast against x.
     """
     x = F.relu(x) + eps
     if scale is not None:
         x = x / F.softplus(scale)
-    norm = torch.linalg.vector_norm(x, ord=2, dim=-1, keepdim=True)
+    norm = torch.linalg.vector_norm(x, ord=2, dim=dim, keepdim=True)
     x_p = _power(x, focusing_factor)
-    return x_p, norm / torch.linalg.vector_norm(x_p, ord=2, dim=-1, keepdim=True)
+    return x_p, norm / torch.linalg.vector_norm(x_p, ord=2, dim=dim, keepdim=True)
 
 
 def focused_feature_map(

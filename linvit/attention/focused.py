@@ -7,10 +7,13 @@ Per (window of the) map, with x (B, N, C):
     o = o + DWC(v)                                      (one depthwise k×k conv shared by all heads)
     out = proj(o)
 
-Layout: everything stays (B, N, C). The heads never get their own copy: the per-head products run as block-diagonal
-GEMMs on the packed channels (`linear_attention_tokens`), and the shared per-head DWC runs as one depthwise conv over
-all C channels with the (d, 1, k, k) kernel tiled over the heads, on a channels-last view of v. Both are exactly the
-per-head computation of the reference, without its permute/contiguous copies.
+Layout (this is what makes it fast; the math is the reference's): everything stays in token layout (B, N, C), the
+layout the qkv and output projections want. q, k, v are strided views of the qkv output; the heads are views
+(B, N, h, d) that the per-head GEMMs of `linear_attention_tokens` read in place, whose result comes back in token
+layout; the focusing norms run over the contiguous last dimension; and v is a channels-last image for the DWC,
+which runs as one depthwise conv over all C channels with the shared (d, 1, k, k) kernel tiled over the heads
+(channel head·d + j uses kernel j: exactly the per-head conv of the reference). The reference's permute/contiguous
+copies between (B, N, C), (B, h, N, d) and (B·h, d, H, W), which cost as much as its matmuls on a CPU, are gone.
 """
 
 import torch
@@ -65,14 +68,22 @@ def _focused_core(
     focusing_factor: float,
     key_mask: Tensor | None,
     eps: float,
+    residual: Tensor | None,
 ) -> Tensor:
+    batch, tokens, channels = q.shape
     q = at_least_float32(q)
     k = at_least_float32(k)
     v = at_least_float32(v)
     scale = at_least_float32(scale)
-    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor)
+    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor)  # norms over all C channels
     k_p, k_factor = focused_feature_parts(k, scale, focusing_factor)
-    return linear_attention_tokens(q_p, k_p * k_factor, v, num_heads, key_mask, q_factor, eps)
+    heads = (batch, tokens, num_heads, channels // num_heads)
+    if residual is not None:
+        residual = residual.view(heads)
+    out = linear_attention_tokens(
+        q_p.view(heads), (k_p * k_factor).view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual
+    )
+    return out.view(batch, tokens, channels)
 
 
 @torch.fx.wrap
@@ -85,21 +96,38 @@ def focused_linear_core(
     focusing_factor: float,
     key_mask: Tensor | None,
     eps: float,
+    residual: Tensor | None = None,
 ) -> Tensor:
-    """Focused map + linear attention on (B, N, C) tokens, in float32 with autocast off; returns float32."""
+    """Focused map + linear attention (+ residual) on (B, N, C) q, k, v, float32 with autocast off; returns float32."""
     if torch.jit.is_scripting():
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps)
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps)
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual)
 
 
 @torch.fx.wrap
-def mapped_linear_core(q: Tensor, k: Tensor, v: Tensor, num_heads: int, key_mask: Tensor | None, eps: float):
-    """Linear attention on mapped (B, N, heads·m) tokens, in float32 with autocast off; returns float32."""
+def mapped_linear_core(
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, eps: float, residual: Tensor | None = None
+) -> Tensor:
+    """Linear attention (+ residual) on mapped (B, N, h, m) q, k and (B, N, h, e) v, float32 with autocast off."""
     if torch.jit.is_scripting():
-        return linear_attention_tokens(q, k, v, num_heads, key_mask, None, eps)
+        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return linear_attention_tokens(q, k, v, num_heads, key_mask, None, eps)
+        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual)
+
+
+def _channels_last_image(x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+    """(B', n, C) tokens -> (B', C, gh, gw) image in channels-last memory (a view of a dense copy of x).
+
+    The dense copy (x is usually a strided slice of the qkv output) is what the depthwise conv wants: it is cheap
+    (rows of C contiguous values) and lets the conv run channels-last without a transpose. Masked (padded) tokens
+    are zeroed, so they act like the conv's own zero padding.
+    """
+    if key_mask is not None:
+        x = x * key_mask.unsqueeze(-1).to(x.dtype)
+    else:
+        x = x.contiguous()
+    return x.view(-1, grid[0], grid[1], x.shape[-1]).permute(0, 3, 1, 2)
 
 
 class FocusedLinearAttention(nn.Module):
@@ -183,8 +211,8 @@ class FocusedLinearAttention(nn.Module):
             self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
             self.proj = nn.Linear(dim, dim, **dd)
         else:
-            self.qkv = nn.Identity()
-            self.proj = nn.Identity()
+            self.qkv = None
+            self.proj = None
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -232,7 +260,7 @@ class FocusedLinearAttention(nn.Module):
             out = self._attend(x, hw, None)
         else:
             out = self._attend_windows(x, hw, window)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(out)
 
     def _attend_windows(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> Tensor:
         height, width = hw
@@ -242,8 +270,7 @@ class FocusedLinearAttention(nn.Module):
         pad_h = (window[0] - height % window[0]) % window[0]
         pad_w = (window[1] - width % window[1]) % window[1]
         padded_hw = (height + pad_h, width + pad_w)
-        channels = x.shape[-1]
-        grid = pad_grid(x.view(-1, height, width, channels), pad_h, pad_w)
+        grid = pad_grid(x.view(-1, height, width, x.shape[-1]), pad_h, pad_w)
         windows = window_partition(grid, window)  # (B * nW, wh * ww, C)
         key_mask: Tensor | None = None
         if pad_h > 0 or pad_w > 0:
@@ -254,53 +281,60 @@ class FocusedLinearAttention(nn.Module):
         return out.reshape(-1, height * width, out.shape[-1])
 
     def _attend(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-        """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid, before the projection."""
-        qkv = self.qkv(x)
-        q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)
+        """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid; returns projected (B', n, C)."""
+        qkv = x
+        if self.qkv is not None:
+            qkv = self.qkv(x)
+        q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)  # strided (B', n, C) views
         k = self._add_positional_encoding(k, grid, key_mask)
+        residual: Tensor | None = None
+        if self.dwc is not None:
+            residual = self._depthwise_conv_values(v, grid, key_mask)  # added inside the core's last pass
         if self.feature_map is None:
-            out = focused_linear_core(q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps)
+            out = focused_linear_core(
+                q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps, residual
+            )
         else:
             heads = (self.num_heads, self.head_dim)
-            q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True).flatten(2)
-            k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False).flatten(2)
-            out = mapped_linear_core(q_mapped, k_mapped, v, self.num_heads, key_mask, self.eps)
+            q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True)
+            k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False)
+            if residual is not None:
+                residual = residual.unflatten(-1, heads)
+            out = mapped_linear_core(q_mapped, k_mapped, v.unflatten(-1, heads), key_mask, self.eps, residual)
+            out = out.flatten(2)
         out = out.to(v.dtype)
-        if self.dwc is not None:
-            out = out + self._depthwise_conv_values(v, grid, key_mask)
+        if self.proj is not None:
+            out = self.proj(out)
         return out
 
     def _add_positional_encoding(self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """k: (B', n, C)."""
         if self.positional_encoding is not None:
-            table = resize_positional_table(self.positional_encoding, self.pos_size, grid)
+            table = resize_positional_table(self.positional_encoding, self.pos_size, grid)  # (1, n, C)
             return k + table.to(k.dtype)
         if self.positional_conv is not None:
-            if key_mask is not None:
-                k = k * key_mask.unsqueeze(-1).to(k.dtype)  # padded tokens read as zeros, like the conv's padding
-            image = k.reshape(-1, grid[0], grid[1], self.dim).permute(0, 3, 1, 2)
-            position = self.positional_conv(image).permute(0, 2, 3, 1).reshape(-1, grid[0] * grid[1], self.dim)
-            return k + position
+            position = self.positional_conv(_channels_last_image(k, grid, key_mask))
+            return k + position.permute(0, 2, 3, 1).reshape(k.shape)
         return k
 
     def _depthwise_conv_values(self, v: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-        """DWC(v) with one (d, 1, k, k) conv shared by the heads, as one depthwise conv over all C channels.
+        """DWC(v) for v (B', n, C), with one (d, 1, k, k) conv shared by the heads, as one conv over all C channels.
 
         Channel c = head·d + j of v uses kernel j: tiling the kernel h times equals running the shared conv on each
-        head's (d, gh, gw) image, without the (B·h, d, gh, gw) copy. In windowed mode the conv runs per window (as
-        the authors do: their linear blocks see one window at a time), with the window's padded tokens zeroed so
-        they act like the conv's own zero padding.
+        head's (d, gh, gw) image, without the (B'·h, d, gh, gw) copy. In windowed mode the conv runs per window (as
+        the authors do: their linear blocks see one window at a time, and a window is the unit the attention and
+        its positional table are defined on), with the window's padded tokens zeroed so they act like the conv's
+        own zero padding.
         """
         dwc = self.dwc
         assert dwc is not None
-        if key_mask is not None:
-            v = v * key_mask.unsqueeze(-1).to(v.dtype)
-        image = v.reshape(-1, grid[0], grid[1], self.dim).permute(0, 3, 1, 2)  # (B', C, gh, gw), channels-last
-        weight = dwc.weight.repeat(self.num_heads, 1, 1, 1)
+        image = _channels_last_image(v, grid, key_mask)
+        weight = dwc.weight.repeat(self.num_heads, 1, 1, 1).to(image.dtype)
         bias = dwc.bias
         if bias is not None:
             bias = bias.repeat(self.num_heads).to(image.dtype)
-        out = F.conv2d(image, weight.to(image.dtype), bias, padding=self.dwc_padding, groups=self.dim)
-        return out.permute(0, 2, 3, 1).reshape(-1, grid[0] * grid[1], self.dim)
+        out = F.conv2d(image, weight, bias, padding=self.dwc_padding, groups=self.dim)
+        return out.permute(0, 2, 3, 1).reshape(v.shape)
 
     def extra_repr(self) -> str:
         window = "global" if self.window_size is None else f"window_size={self.window_size}"

@@ -86,20 +86,23 @@ def test_key_mask_drops_masked_tokens_entirely():
     torch.testing.assert_close(linear_attention(q, k[:, :, :-4], v[:, :, :-4]), out, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("blockwise", [True, False])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("with_scale", [False, True])
-def test_token_layout_core_equals_head_layout_core(blockwise, masked, with_scale):
+def test_token_layout_core_equals_head_layout_core(masked, with_scale):
     q, k, v, mask = _inputs(torch.float64, heads=3, dim=4, value_dim=6)
     q, k = q.relu() + 0.1, k.relu()
     key_mask = mask if masked else None
-    scale = torch.rand(2, 11, 1, dtype=torch.float64) + 0.5
-    ref = linear_attention(q * scale[:, None] if with_scale else q, k, v, key_mask)
-    tokens = [t.transpose(1, 2).flatten(2) for t in (q, k, v)]  # (B, N, heads·d), head-major channels
+    scale = torch.rand(2, 1, 11, 1, dtype=torch.float64) + 0.5
+    ref = linear_attention(q * scale if with_scale else q, k, v, key_mask)
+    # Token layout (B, N, heads, d) as strided views of one packed tensor, like a qkv projection's output.
+    packed = torch.cat([t.transpose(1, 2).flatten(2) for t in (q, k, v)], dim=-1)  # (B, N, 3·heads·d)
+    q_t = packed[..., :12].unflatten(-1, (3, 4))
+    k_t = packed[..., 12:24].unflatten(-1, (3, 4))
+    v_t = packed[..., 24:].unflatten(-1, (3, 6))
     out = linear_attention_tokens(
-        *tokens, num_heads=3, key_mask=key_mask, query_scale=scale if with_scale else None, blockwise=blockwise
+        q_t, k_t, v_t, key_mask=key_mask, query_scale=scale.transpose(1, 2) if with_scale else None
     )
-    torch.testing.assert_close(out, ref.transpose(1, 2).flatten(2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-10, atol=1e-10)
 
 
 def test_linear_attention_rejects_token_layout():
