@@ -1,0 +1,151 @@
+"""Bad input fails at the model's entry with a clear TypeError/ValueError that names the fix, never deep inside.
+
+``check_image_batch`` (linvit/models/_validation.py) is tested directly, then every model family through its
+smallest registered variant (every registered name under ``-m slow``).
+"""
+
+import re
+import warnings
+
+import pytest
+import timm
+import torch
+from timm.models._registry import _model_to_module
+
+import linvit  # noqa: F401  (registers the models)
+from linvit.models._validation import check_image_batch, min_size_pair
+
+
+# -- the function -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "x, error, pattern",
+    [
+        (torch.randn(3, 8, 8), ValueError, r"4-D image batch.*got a 3-D tensor of shape \[3, 8, 8\].*unsqueeze\(0\)"),
+        (torch.randn(2, 2, 3, 8, 8), ValueError, r"got a 5-D tensor.*flatten\(0, 1\)"),
+        (torch.zeros(1, 3, 8, 8, dtype=torch.uint8), TypeError, r"floating-point.*torch\.uint8.*x\.float\(\)"),
+        (torch.randn(1, 1, 8, 8), ValueError, r"built for 3 input channels, got 1.*in_chans=1"),
+        (torch.randn(1, 8, 8, 3), ValueError, r"channels-last.*permute\(0, 3, 1, 2\)"),
+        (torch.randn(1, 3, 4, 16), ValueError, r"at least 8x8 \(H x W\), got 4x16.*resize or pad"),
+        (torch.randn(8, 8, 3).numpy(), TypeError, r"expects a torch\.Tensor.*got ndarray"),
+    ],
+)
+def test_check_image_batch_names_what_was_given_expected_and_the_fix(x, error, pattern):
+    with pytest.raises(error, match=pattern) as info:
+        check_image_batch(x, 3, min_size=(8, 8), model_name="linvit_tiny")
+    assert str(info.value).startswith("linvit_tiny ")
+
+
+def test_check_image_batch_passes_good_input_through():
+    x = torch.randn(2, 3, 8, 9, dtype=torch.bfloat16)
+    assert check_image_batch(x, 3, min_size=min_size_pair(8)) is x
+    assert min_size_pair(None) is None and min_size_pair((4, 6)) == (4, 6)
+
+
+class _Entry(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return check_image_batch(x, 3, (4, 4), "entry") * 2
+
+
+def test_check_image_batch_is_torchscript_and_fx_safe():
+    x = torch.randn(1, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(_Entry())
+        traced = torch.jit.trace(_Entry(), x)
+    assert torch.equal(scripted(x), x * 2) and torch.equal(traced(x), x * 2)
+    with pytest.raises(torch.jit.Error, match="4-D image batch"):
+        scripted(x[0])
+    graph = torch.fx.symbolic_trace(_Entry())  # plain torch.fx, no timm leaf registry
+    assert torch.equal(graph(x), x * 2)
+    from timm.models._features_fx import create_feature_extractor
+
+    extractor = create_feature_extractor(_Entry(), return_nodes={"mul": "out"})
+    assert torch.equal(extractor(x)["out"], x * 2)
+
+
+# -- every family -------------------------------------------------------------------------------------------------
+def _linvit_model_names() -> list[str]:
+    return timm.list_models("linvit_*") + timm.list_models("flatten_*")
+
+
+_SIZE_ORDER = ("nano", "b0", "tiny", "b1", "small", "b2", "medium", "b3", "base", "b4", "large")
+
+
+def _size_rank(name: str) -> tuple[int, str]:
+    parts = re.split(r"[_\.]", name)
+    ranks = [_SIZE_ORDER.index(p) for p in parts if p in _SIZE_ORDER]
+    return (min(ranks) if ranks else len(_SIZE_ORDER), name)
+
+
+def smallest_variant_per_family() -> list[str]:
+    """One registered name per model file (family): the smallest by its size word (nano < b0 < tiny < ...)."""
+    families: dict[str, list[str]] = {}
+    for name in _linvit_model_names():
+        families.setdefault(_model_to_module.get(name, name), []).append(name)
+    return sorted(min(names, key=_size_rank) for names in families.values())
+
+
+_ADOPT = (
+    "call `x = check_image_batch(x, self.in_chans, min_size=..., model_name=type(self).__name__)` "
+    "(linvit.models._validation) first in forward_features and forward_intermediates"
+)
+# Families whose entry does not check its input yet; strict=False so that adopting the check turns them green.
+NOT_CHECKING_YET = {
+    "flatten_cswin": f"linvit/models/flatten_cswin.py: {_ADOPT}; min_size=7 (or pad): 1x1/2x2 fail in the stem",
+    "flatten_deit": f"linvit/models/flatten_deit.py: {_ADOPT}",
+    "flatten_pvt": f"linvit/models/flatten_pvt.py: {_ADOPT}",
+    "flatten_pvt_v2": f"linvit/models/flatten_pvt_v2.py: {_ADOPT}",
+    "flatten_swin": f"linvit/models/flatten_swin.py: {_ADOPT}",
+}
+
+
+def _params(names: list[str]) -> list:
+    params = []
+    for name in names:
+        reason = NOT_CHECKING_YET.get(_model_to_module.get(name, ""))
+        marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+_models: dict[str, torch.nn.Module] = {}
+
+
+def _model(name: str) -> torch.nn.Module:
+    if name not in _models:
+        _models.clear()  # one at a time: keep memory small
+        _models[name] = timm.create_model(name, pretrained=False, num_classes=5).eval()
+    return _models[name]
+
+
+def _assert_clear_entry_errors(name: str) -> None:
+    model = _model(name)
+    in_chans = 3
+    with pytest.raises(ValueError, match=rf"(?s){in_chans} input channels.*got 1.*in_chans=1"):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"(?s)4-D.*\[3, 32, 32\].*unsqueeze\(0\)"):
+        model(torch.randn(3, 32, 32))
+    with pytest.raises(TypeError, match=r"(?s)float.*uint8"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"(?s)in_chans=1"):
+        model.forward_features(torch.randn(1, 1, 32, 32))
+    # the smallest images either work (the model pads) or get a ValueError that names the minimum
+    for size in (1, 2, 5):
+        try:
+            with torch.no_grad():
+                out = model(torch.randn(1, 3, size, size))
+        except ValueError as error:
+            assert "at least" in str(error), f"{name} at {size}x{size}: {error}"
+        else:
+            assert out.shape == (1, 5) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", _params(smallest_variant_per_family()))
+def test_every_family_rejects_bad_input_at_its_entry(name):
+    _assert_clear_entry_errors(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _params(_linvit_model_names()))
+def test_every_registered_model_rejects_bad_input_at_its_entry(name):
+    _assert_clear_entry_errors(name)
