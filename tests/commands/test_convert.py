@@ -1,0 +1,112 @@
+"""``linvit convert``: authors' training checkpoints -> safetensors that timm.create_model loads."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import timm
+import torch
+
+import linvit.models  # noqa: F401  (registers the models)
+from linvit.cli import main
+
+
+class CfgNode(dict):
+    """Stands in for yacs's CfgNode, which the authors pickle into every checkpoint."""
+
+
+CfgNode.__module__ = "yacs.config"
+
+
+@pytest.fixture
+def yacs_module(monkeypatch):
+    module = types.ModuleType("yacs.config")
+    module.CfgNode = CfgNode
+    monkeypatch.setitem(sys.modules, "yacs", types.ModuleType("yacs"))
+    monkeypatch.setitem(sys.modules, "yacs.config", module)
+
+
+def _to_authors_swin_layout(state_dict):
+    """linvit's FLatten-Swin keys -> the authors' (patch merging at the END of the previous stage, stored buffers)."""
+    out = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        if parts[0] == "layers" and parts[2] == "downsample":
+            parts[1] = str(int(parts[1]) - 1)
+        out[".".join(parts)] = value
+        if key.endswith("relative_position_bias_table"):
+            window = (int(value.shape[0] ** 0.5) + 1) // 2
+            out[key.replace("relative_position_bias_table", "relative_position_index")] = torch.zeros(
+                window**2, window**2, dtype=torch.long
+            )
+    return out
+
+
+def _random_state(name, seed=0):
+    """Random weights for a registered model, without initialising a real model (built on meta)."""
+    generator = torch.Generator().manual_seed(seed)
+    meta = timm.create_model(name, device="meta")
+    return {k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in meta.state_dict().items()}
+
+
+def _authors_file(path, state, ema_state=None):
+    checkpoint = {
+        "model": state,
+        "optimizer": {"state": {}},
+        "lr_scheduler": {"last_epoch": 0},
+        "max_accuracy": 80.0,
+        "epoch": 299,
+        "config": CfgNode(MODEL=CfgNode(TYPE="flatten")),
+    }
+    if ema_state is not None:
+        checkpoint["state_dict_ema"] = ema_state
+    torch.save(checkpoint, path)
+
+
+def test_convert_infers_swin_and_the_result_loads_through_timm(tmp_path, yacs_module, capsys):
+    name = "flatten_swin_tiny_patch4_224"
+    state = _random_state(name)
+    src, dst = tmp_path / "flatten_swin_t.pth", tmp_path / "flatten_swin_t.safetensors"
+    _authors_file(src, _to_authors_swin_layout(state))
+    assert main(["convert", str(src), str(dst)]) == 0
+    assert name in capsys.readouterr().out
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)})
+    for key, value in model.state_dict().items():
+        if key in state:
+            torch.testing.assert_close(value, state[key], msg=key)
+
+
+def test_convert_deit_with_model_name_and_ema(tmp_path, yacs_module):
+    name = "flatten_deit_tiny_patch16_224"
+    regular, ema = _random_state(name, seed=1), _random_state(name, seed=2)
+    src, dst = tmp_path / "deit.pth", tmp_path / "deit.safetensors"
+    _authors_file(src, regular, ema)
+    assert main(["convert", str(src), str(dst), "--model", name, "--ema"]) == 0
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)})
+    torch.testing.assert_close(model.blocks[3].attn.positional_encoding, ema["blocks.3.attn.positional_encoding"])
+    # A second run refuses to overwrite without --force; inference picks DeiT from the keys alone.
+    assert main(["convert", str(src), str(dst)]) == 2
+    assert main(["convert", str(src), str(dst), "--force"]) == 0
+    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)})
+    torch.testing.assert_close(loaded.head.weight, regular["head.weight"])
+
+
+def test_convert_reports_misfits_and_untrusted_files(tmp_path, capsys):
+    src = tmp_path / "other.pth"
+    torch.save({"model": {"encoder.weight": torch.zeros(3, 3)}}, src)
+    assert main(["convert", str(src), str(tmp_path / "out.safetensors")]) == 1
+    assert "No registered linvit model fits" in capsys.readouterr().err
+    assert main(["convert", str(src), str(tmp_path / "o.safetensors"), "--model", "flatten_deit_tiny_patch16_224"]) == 1
+    assert "do not fit flatten_deit_tiny_patch16_224" in capsys.readouterr().err
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("payload ran",))
+
+    evil = tmp_path / "evil.pth"
+    torch.save({"model": {"x": torch.zeros(1)}, "config": Payload()}, evil)
+    assert main(["convert", str(evil), str(tmp_path / "e.safetensors")]) == 1
+    captured = capsys.readouterr()
+    assert "trusted" in captured.err and "payload ran" not in captured.out
