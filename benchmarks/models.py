@@ -35,18 +35,28 @@ def create_model(name: str, hw: tuple[int, int], device=None) -> nn.Module:
     return model if device is None else model.to(device)
 
 
-def count_model_macs(name: str, hw: tuple[int, int]) -> int | None:
-    """MACs per image of one forward, counted on the meta device (no real compute); None where that fails."""
+def count_model_macs(name: str, hw: tuple[int, int], model: nn.Module | None = None) -> tuple[int | None, str]:
+    """MACs per image of one forward and how they were counted.
+
+    First on the meta device (no real compute); a model that cannot build or run there is counted with one real
+    forward of ``model`` (on its device) instead.
+    """
     from linvit.utils import count_macs
 
     try:
         with torch.device("meta"):
-            model = create_model(name, hw)
-        return int(count_macs(model, (3, *hw)))
+            meta_model = create_model(name, hw)
+        return int(count_macs(meta_model, (3, *hw))), "meta"
     except Unavailable:
         raise
-    except Exception:  # noqa: BLE001 - some models cannot run on meta; MACs are then left out
-        return None
+    except Exception as error:  # noqa: BLE001 - some models cannot build or run on meta
+        reason = f"{type(error).__name__} on meta"
+    if model is None:
+        return None, reason
+    try:
+        return int(count_macs(model, (3, *hw))), f"real forward ({reason})"
+    except Exception as error:  # noqa: BLE001
+        return None, f"{reason}; {type(error).__name__} on {next(model.parameters()).device}"
 
 
 def backbone_callable(case: dict, device: torch.device, dtype: str):
@@ -60,6 +70,7 @@ def backbone_callable(case: dict, device: torch.device, dtype: str):
             return model(x)
 
     info = {"pixels": hw[0] * hw[1], "params": sum(p.numel() for p in model.parameters())}
+    run.model = model  # for the MAC count's fallback
     return run, info
 
 

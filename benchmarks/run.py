@@ -103,7 +103,7 @@ def _settings(args) -> dict:
         if args.sizes
         else ([(64, 64)] if quick else suite_cases.BACKBONE_SIZES),
         "train_size": args.train_size or (64 if quick else 224),
-        "train_batch": args.train_batch or (2 if quick else 32),
+        "train_batch": args.train_batch or (2 if quick else 64 if cuda else 32),
         "compile_sizes": [int(s) for s in _csv(args.compile_sizes, (64,) if quick else (224, 1024))],
         "repeats": args.repeats or (3 if quick else 10),
         "budget": args.budget or (0.5 if quick else 15.0),

@@ -67,7 +67,9 @@ def run_case(case: dict, kind: str, device, args) -> dict:
     if case["suite"] == "backbones":
         from benchmarks.models import count_model_macs
 
-        info["macs"] = count_model_macs(case["model"], (case["height"], case["width"]))
+        info["macs"], info["macs_counted"] = count_model_macs(
+            case["model"], (case["height"], case["width"]), getattr(fn, "model", None)
+        )
     del fn
     if device.type == "cuda":
         torch.cuda.empty_cache()

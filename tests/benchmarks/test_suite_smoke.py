@@ -128,3 +128,12 @@ def test_parsers():
     assert parse_sizes("224,2560x1600") == [(224, 224), (1600, 2560)]
     with pytest.raises(ValueError, match="HEADSxDIM"):
         parse_heads("3")
+
+
+def test_linvit_bench_command_takes_the_suite_options():
+    from linvit import cli
+    from linvit.commands import bench
+
+    args = cli.build_parser().parse_args(["bench", "--quick", "--only", "operators", "--heads", "3x32"])
+    assert args._run is bench.run
+    assert args.quick and args.only == "operators" and args.heads == "3x32"
