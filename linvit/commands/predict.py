@@ -1,0 +1,198 @@
+"""``linvit predict IMAGE --model NAME [--checkpoint F] [--topk 5]``: classify one image and print the top-k."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "Classify an image with a linvit/timm model and print the top-k classes (with labels when known)."
+
+_LABEL_KEYS = ("label_names", "class_names")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("image", help="image file (any format Pillow reads)")
+    parser.add_argument(
+        "--model", required=True, help="timm model name, e.g. linvit_nano or flatten_swin_tiny_patch4_224"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="weights (.safetensors / .pth / .pt); a config.json beside them (from `linvit export`) supplies "
+        "num_classes, model arguments, preprocessing and label names",
+    )
+    parser.add_argument("--topk", type=int, default=5, help="how many classes to print (default 5)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint facts
+def read_side_config(checkpoint: str | Path) -> dict[str, Any]:
+    """``config.json`` beside the weights (timm hub format), or {} when there is none."""
+    path = Path(checkpoint).with_name("config.json")
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); fix or remove it") from error
+
+
+def read_safetensors_labels(checkpoint: str | Path) -> list[str] | None:
+    """Label names stored in a safetensors file's metadata (``label_names`` or ``class_names``, a JSON list)."""
+    if not str(checkpoint).endswith(".safetensors"):
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    for key in _LABEL_KEYS:
+        if key in metadata:
+            try:
+                names = json.loads(metadata[key])
+            except json.JSONDecodeError:
+                names = metadata[key].split("\n")
+            return [str(n) for n in names]
+    return None
+
+
+def infer_classes_and_channels(
+    checkpoint: str | Path, classifier: str | None, first_conv: str | None
+) -> tuple[int | None, int | None]:
+    """Classifier width and input channels read from the weights (the cfg's layer names, or usual ones)."""
+    from linvit.models._checkpoint import extract_model_state_dict, load_checkpoint_file
+
+    state = extract_model_state_dict(load_checkpoint_file(checkpoint))
+    num_classes = in_chans = None
+    heads = ([f"{classifier}.weight"] if classifier else []) + ["head.fc.weight", "head.weight", "fc.weight"]
+    for key in heads:
+        if key in state and state[key].ndim >= 2:
+            num_classes = int(state[key].shape[0])
+            break
+    if first_conv and f"{first_conv}.weight" in state and state[f"{first_conv}.weight"].ndim == 4:
+        in_chans = int(state[f"{first_conv}.weight"].shape[1])
+    return num_classes, in_chans
+
+
+# ------------------------------------------------------------------------------------------------ model and labels
+def build_model(name: str, checkpoint: str | None, side_config: dict[str, Any]):
+    import timm
+
+    import linvit.models  # noqa: F401  (registers linvit's families)
+
+    if not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}; list linvit's models with `linvit models`")
+    kwargs: dict[str, Any] = dict(side_config.get("model_args") or {})
+    if checkpoint is None:
+        return timm.create_model(name, **kwargs)
+    num_classes = side_config.get("num_classes")
+    in_chans = kwargs.get("in_chans")
+    if num_classes is None or in_chans is None:
+        classifier = timm.get_pretrained_cfg_value(name, "classifier")
+        first_conv = timm.get_pretrained_cfg_value(name, "first_conv")
+        found_classes, found_chans = infer_classes_and_channels(
+            checkpoint,
+            classifier if isinstance(classifier, str) else None,
+            first_conv if isinstance(first_conv, str) else None,
+        )
+        num_classes = num_classes if num_classes is not None else found_classes
+        in_chans = in_chans if in_chans is not None else found_chans
+    overlay: dict[str, Any] = {"file": str(checkpoint)}
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+        overlay["num_classes"] = num_classes  # keep the trained head: timm drops one whose width differs from the cfg
+    if in_chans is not None:
+        kwargs["in_chans"] = in_chans
+        # timm checks the stem weights against the cfg's channel count: the cfg must describe the trained stem
+        overlay["input_size"] = (in_chans, *timm.get_pretrained_cfg_value(name, "input_size")[1:])
+    for key in ("mean", "std", "input_size", "crop_pct", "interpolation", "crop_mode"):
+        value = (side_config.get("pretrained_cfg") or {}).get(key)
+        if value is not None:
+            overlay[key] = tuple(value) if isinstance(value, list) else value
+    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+
+
+def label_names_for(model, checkpoint: str | None, side_config: dict[str, Any]) -> list[str] | None:
+    """Class names: config.json, then safetensors metadata, then the model's cfg, then ImageNet for 1000 classes."""
+    num_classes = model.num_classes
+    sources = []
+    for key in _LABEL_KEYS:
+        sources.append(side_config.get(key))
+    if checkpoint is not None:
+        sources.append(read_safetensors_labels(checkpoint))
+    sources.append(getattr(model, "pretrained_cfg", {}).get("label_names"))
+    for names in sources:
+        if names and len(names) == num_classes:
+            return [str(n) for n in names]
+    if num_classes == 1000:
+        from timm.data import ImageNetInfo
+
+        info = ImageNetInfo()
+        return [info.index_to_description(i) for i in range(1000)]
+    return None
+
+
+def preprocess(image_path: str, model):
+    """The model's own eval transform (timm data config); greyscale models get a greyscale image."""
+    import timm.data
+    from PIL import Image
+
+    config = timm.data.resolve_data_config(model=model)
+    in_chans = model.in_chans if hasattr(model, "in_chans") else config["input_size"][0]
+    mean, std = tuple(config["mean"]), tuple(config["std"])
+    if len(mean) != in_chans:  # e.g. an ImageNet cfg on a 1-channel model: one averaged value per channel
+        mean = (sum(mean) / len(mean),) * in_chans
+        std = (sum(std) / len(std),) * in_chans
+    config.update(mean=mean, std=std)
+    transform = timm.data.create_transform(**config)
+    with Image.open(image_path) as image:
+        image = image.convert("L" if in_chans == 1 else "RGB")
+        tensor = transform(image)
+    if tensor.shape[0] != in_chans:
+        raise ValueError(
+            f"{image_path} gives {tensor.shape[0]} channels after preprocessing; the model wants {in_chans}"
+        )
+    return tensor.unsqueeze(0)
+
+
+def predict(image: str, model_name: str, checkpoint: str | None = None, topk: int = 5, device: str = "cpu"):
+    """[(class index, probability, label or None)] for the top-k classes, best first."""
+    import torch
+
+    if not Path(image).is_file():
+        raise FileNotFoundError(f"image {image!r} does not exist")
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
+    side_config = read_side_config(checkpoint) if checkpoint else {}
+    model = build_model(model_name, checkpoint, side_config).to(device).eval()
+    if model.num_classes <= 0:
+        raise ValueError(f"{model_name} has no classifier (num_classes=0): nothing to predict")
+    labels = label_names_for(model, checkpoint, side_config)
+    x = preprocess(image, model).to(device)
+    with torch.inference_mode():
+        probabilities = model(x).float().softmax(dim=-1)[0]
+    values, indices = probabilities.topk(min(topk, probabilities.numel()))
+    return [(int(i), float(p), labels[int(i)] if labels else None) for p, i in zip(values, indices)]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.topk < 1:
+        print("--topk must be at least 1", file=sys.stderr)
+        return 2
+    if args.checkpoint is None:
+        print(
+            f"note: no --checkpoint given: {args.model} has random weights (no linvit weights are published)",
+            file=sys.stderr,
+        )
+    try:
+        results = predict(args.image, args.model, args.checkpoint, args.topk, args.device)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    width = max(len(str(index)) for index, _, _ in results)
+    for rank, (index, probability, label) in enumerate(results, 1):
+        text = f"{rank}. {probability * 100:6.2f}%  class {index:>{width}d}"
+        print(f"{text}  {label}" if label else text)
+    return 0
