@@ -108,7 +108,19 @@ class AtomicModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose files are written to a temporary name and renamed into place.
 
     A crash or kill while saving leaves the previous ``last.ckpt``/``best.ckpt`` intact instead of a torn file.
+    ``last.ckpt`` is written after every validation, also when the monitored metric did not improve (Lightning
+    >= 2.5 writes it only together with a top-k checkpoint), so that a resume never goes back further than one
+    validation interval.
     """
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if (
+            self.save_last
+            and not self._should_skip_saving_checkpoint(trainer)
+            and not self._should_save_on_train_epoch_end(trainer)
+        ):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         from fsspec.implementations.local import LocalFileSystem

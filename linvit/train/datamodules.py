@@ -259,25 +259,34 @@ class _TimmTransformMixin:
         return config
 
 
-def _pil_extensions() -> tuple[str, ...]:
-    from PIL import Image
+class _ReadableByPil:
+    """``is_valid_file`` for ImageFolder: any extension PIL registers (a class, so that it pickles for workers)."""
 
-    return tuple(sorted(ext.lower() for ext in Image.registered_extensions()))
+    def __init__(self):
+        from PIL import Image
+
+        self.extensions = tuple(sorted(ext.lower() for ext in Image.registered_extensions()))
+
+    def __call__(self, path: str) -> bool:
+        return path.lower().endswith(self.extensions)
 
 
-def _pil_loader(mode: str):
-    def load(path: str):
+class _PilLoader:
+    """Open an image with PIL as ``mode`` (RGB or L); transparency composited on white (a class: pickles)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def __call__(self, path: str):
         from PIL import Image
 
         with Image.open(path) as image:
-            if mode == "RGB" and image.mode in ("RGBA", "LA", "P"):
-                # Composite transparency on white instead of the black that a bare convert() gives.
+            if self.mode == "RGB" and (image.mode in ("RGBA", "LA") or "transparency" in image.info):
+                # Composite on white instead of the black that a bare convert() gives transparent pixels.
                 rgba = image.convert("RGBA")
                 background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
                 return Image.alpha_composite(background, rgba).convert("RGB")
-            return image.convert(mode)
-
-    return load
+            return image.convert(self.mode)
 
 
 class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
@@ -327,8 +336,8 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         return ImageFolder(
             str(folder),
             transform=self._timm_transform(train),
-            loader=_pil_loader("L" if self.in_chans == 1 else "RGB"),
-            extensions=_pil_extensions(),
+            loader=_PilLoader("L" if self.in_chans == 1 else "RGB"),
+            is_valid_file=_ReadableByPil(),
         )
 
     def setup(self, stage: str | None = None) -> None:

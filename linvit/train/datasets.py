@@ -51,7 +51,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 def _read_idx(path: Path, offset: int) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset).copy()  # writable, owns its memory
 
 
 def _find_idx_file(root: Path, stem: str) -> Path | None:

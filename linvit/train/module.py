@@ -116,6 +116,9 @@ class ImageClassifier(LightningModule):
 
             self.model_ema = ModelEmaV3(self.model, decay=self.ema_cfg["decay"], use_warmup=self.ema_cfg["warmup"])
             self.model_ema.requires_grad_(False)
+            # The copy never runs forward in training; following the module's train/eval mode (Lightning sets
+            # eval for validation) avoids Lightning's warning about submodules left in eval mode.
+            self.model_ema.train(self.training)
         self._ema_step = -1
 
         top5 = min(5, num_classes)
@@ -171,6 +174,9 @@ class ImageClassifier(LightningModule):
         return self.model(images).softmax(-1)
 
     # -- EMA --------------------------------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        self._ema_step = self.global_step  # also after a resume
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # global_step counts optimizer steps: update once per step, also under gradient accumulation.
         if self.model_ema is not None and self.global_step != self._ema_step:

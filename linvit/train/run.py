@@ -41,15 +41,16 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     return None
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit (``cfg.train``), test (``cfg.test``) and export (``cfg.export``) as configured; returns the metrics."""
+def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, float]:
+    """Fit (``cfg.train``), test (``cfg.test``) and export (``cfg.export``) as configured; returns the metrics.
+
+    ``callbacks``: Lightning callbacks added to those of ``cfg.callbacks`` (for programmatic use and tests).
+    """
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
     started = time.perf_counter()
     _route_lightning_logs_to_root()
-    # The EMA copy is in eval mode on purpose; Lightning warns about any module in eval mode at fit start.
-    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode", category=UserWarning)
     if cfg.get("seed") is not None:
         pl.seed_everything(int(cfg.seed), workers=True)
     output_dir = Path(str(cfg.paths.output_dir))
@@ -57,7 +58,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
     model: pl.LightningModule = instantiate(cfg.model)
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
@@ -66,9 +67,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics: dict[str, float] = {}
     ckpt_path = resolve_ckpt_path(cfg)
     if cfg.get("train", True):
-        if ckpt_path:
-            _log.info("resuming from %s", ckpt_path)
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        with warnings.catch_warnings():
+            if ckpt_path:
+                _log.info("resuming from %s", ckpt_path)
+                # a resumed run appends to its metrics.csv and keeps its checkpoints: nothing is deleted
+                warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* not empty")
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
         metrics.update(_floats(trainer.callback_metrics))
 
     best = _best_checkpoint(trainer)

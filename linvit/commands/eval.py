@@ -1,0 +1,84 @@
+"""``linvit eval RUN_DIR``: top-1/top-5 of a training run's checkpoint on its test (or validation) split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "Evaluate a training run's checkpoint (raw and EMA weights) on the run's data: top-1, top-5, loss."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory (holding config.yaml and checkpoints/) or a .ckpt inside one")
+    parser.add_argument("--checkpoint", choices=("best", "last"), default="best", help="default: best")
+    parser.add_argument("--split", choices=("test", "val"), default="test", help="default: test")
+    parser.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's)")
+    parser.add_argument("--num-workers", type=int, default=None, help="data loader workers (default: the run's)")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu, auto (default)")
+    parser.add_argument("--precision", default="32-true", help="32-true (default), bf16-mixed, 16-mixed")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a data option of the run's config, e.g. --data root=/data/imagenet (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+
+def _run_dir(checkpoint: Path) -> Path:
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def run(args: argparse.Namespace) -> int:
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from linvit.train.export import find_checkpoint
+    from linvit.train.module import ImageClassifier
+
+    try:
+        checkpoint = find_checkpoint(args.run, args.checkpoint)
+    except FileNotFoundError as error:
+        sys.stderr.write(f"linvit eval: {error}\n")
+        return 2
+    config_path = _run_dir(checkpoint) / "config.yaml"
+    if not config_path.is_file():
+        sys.stderr.write(f"linvit eval: {config_path} not found: the run directory's resolved config is needed.\n")
+        return 2
+    data_cfg = OmegaConf.load(config_path).data
+    for item in args.data:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.stderr.write(f"linvit eval: --data expects KEY=VALUE, got {item!r}\n")
+            return 2
+        OmegaConf.update(data_cfg, key, OmegaConf.create({"v": value}).v if value else None)
+    if args.batch_size:
+        data_cfg.eval_batch_size = args.batch_size
+    if args.num_workers is not None:
+        data_cfg.num_workers = args.num_workers
+        data_cfg.persistent_workers = False
+    datamodule = instantiate(data_cfg)
+    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=False)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        precision=args.precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    datamodule.setup("test")
+    loader = datamodule.test_dataloader() if args.split == "test" else datamodule.val_dataloader()
+    results = trainer.test(model, dataloaders=loader, verbose=not args.json)
+    metrics = {k.replace("test", args.split, 1): float(v) for k, v in results[0].items()}
+    if args.json:
+        sys.stdout.write(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=2) + "\n")
+    else:
+        for key in sorted(metrics):
+            if key.endswith("acc1") or key.endswith("acc5"):
+                sys.stdout.write(f"{key}: {100 * metrics[key]:.2f}%\n")
+    return 0

@@ -1,0 +1,96 @@
+"""`linvit export` / `linvit eval`: a trained run round-trips through timm.create_model with equal outputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import linvit  # noqa: F401  (registers the models)
+from linvit.cli import main as linvit_main
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "linvit_nano" if timm.is_model("linvit_nano") else "test_vit"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 2-step training run of a tiny model (EMA on), exported by train.py's own export step."""
+    sys.path.insert(0, str(REPO / "tests" / "train"))
+    try:
+        from train_helpers import FAST, compose
+    finally:
+        sys.path.remove(str(REPO / "tests" / "train"))
+    from linvit.train.run import train
+
+    out = tmp_path_factory.mktemp("run")
+    overrides = [
+        "model=linvit",
+        f"model.model_name={MODEL}",
+        *FAST,
+        "data.img_size=32",
+        "trainer.max_epochs=1",
+        "+trainer.limit_train_batches=2",
+        "+trainer.limit_val_batches=1",
+        "model.ema.decay=0.5",
+    ]
+    metrics = train(compose(overrides, out))
+    (out / "test_metrics.json").write_text(json.dumps(metrics))
+    return out
+
+
+def _trained_model(run_dir: Path, ema: bool = False):
+    from linvit.train.module import ImageClassifier
+
+    module = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=False)
+    return (module.model_ema.module if ema else module.model).eval()
+
+
+def test_train_exports_timm_loadable_weights(run_dir):
+    weights = run_dir / "model.safetensors"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert weights.is_file() and config["architecture"] == MODEL and config["num_classes"] == 10
+    assert config["pretrained_cfg"]["input_size"] == [3, 32, 32]
+    assert config["label_names"] == [str(i) for i in range(10)]
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    expected = _trained_model(run_dir)(x)
+    # by name, as in the README
+    by_name = timm.create_model(
+        MODEL,
+        pretrained=True,
+        pretrained_cfg_overlay={"file": str(weights), "num_classes": 10},
+        num_classes=10,
+        img_size=32,
+    ).eval()
+    torch.testing.assert_close(by_name(x), expected)
+    # from the folder: architecture, classes and creation arguments come from config.json
+    from_folder = timm.create_model(f"local-dir:{run_dir}", pretrained=True).eval()
+    torch.testing.assert_close(from_folder(x), expected)
+    assert tuple(from_folder.pretrained_cfg["mean"]) == (0.5, 0.5, 0.5)
+
+
+def test_export_command_ema_weights(run_dir, tmp_path, capsys):
+    assert linvit_main(["export", str(run_dir), "--ema", "--out", str(tmp_path / "ema")]) == 0
+    assert "local-dir:" in capsys.readouterr().out
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    model = timm.create_model(f"local-dir:{tmp_path / 'ema'}", pretrained=True).eval()
+    torch.testing.assert_close(model(x), _trained_model(run_dir, ema=True)(x))
+    assert not torch.allclose(model(x), _trained_model(run_dir)(x))  # really the EMA weights
+
+
+def test_export_command_errors(tmp_path, capsys):
+    assert linvit_main(["export", str(tmp_path)]) == 2
+    assert "no last.ckpt" in capsys.readouterr().err
+
+
+def test_eval_command_reproduces_the_test_metrics(run_dir, capsys):
+    assert linvit_main(["eval", str(run_dir), "--json", "--accelerator", "cpu"]) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out[out.index("{") :])
+    trained = json.loads((run_dir / "test_metrics.json").read_text())
+    assert metrics["test/acc1"] == pytest.approx(trained["test/acc1"])
+    assert metrics["test_ema/acc1"] == pytest.approx(trained["test_ema/acc1"])

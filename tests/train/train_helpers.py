@@ -1,0 +1,33 @@
+"""Helpers for the training tests: compose the real configs with tiny, fast overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO / "configs"
+
+# A tiny timm model that works at 16 px: keeps these tests independent of the linvit models in progress.
+TINY_TIMM = ["model=timm", "model.model_name=test_resnet"]
+FAST = [
+    "data.img_size=16",
+    "data.batch_size=16",
+    "data.eval_batch_size=64",
+    "data.num_workers=0",
+    "data.persistent_workers=false",
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "trainer.num_sanity_val_steps=0",
+    "callbacks.model_summary=null",
+]
+
+
+def compose(overrides: list[str], output_dir: Path | None = None):
+    """``configs/train.yaml`` with ``overrides``, ``paths.output_dir`` set (no Hydra run needed)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else ["paths.output_dir=/nonexistent"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=[*overrides, *extra])
