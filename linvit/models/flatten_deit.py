@@ -239,7 +239,7 @@ class FLattenDeiT(nn.Module):
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        drop_paths = torch.linspace(0, drop_path_rate, depth).tolist()
+        drop_paths = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
         self.blocks = nn.ModuleList(
             [
                 FLattenDeiTBlock(

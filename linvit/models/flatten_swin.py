@@ -324,7 +324,7 @@ class FLattenSwinTransformer(nn.Module):
             **dd,
         )
         feat_sizes = self._stage_feat_sizes(self.patch_embed.grid_size, num_stages)
-        drop_paths = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        drop_paths = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
 
         stages = []
         self.feature_info = []
