@@ -132,13 +132,22 @@ def measure_peak_memory(fn: Callable[[], object], device: torch.device) -> dict:
     }
 
 
-def gemm_peak_gflops(device: torch.device, dtype: str = "fp32", size: int = 2048, repeats: int = 7) -> float:
-    """Measured dense matmul throughput (size³), the denominator of model-FLOP utilisation."""
+def gemm_peak(device: torch.device, dtype: str = "fp32", size: int = 2048, repeats: int = 7) -> dict:
+    """Measured dense matmul throughput (size³), the denominator of model-FLOP utilisation.
+
+    ``gflops``: per wall-clock second (best call). ``gflop_per_cpu_s``: per second of this process's CPU time
+    (median call), which a shared machine disturbs much less; MFU from CPU times divides by it.
+    """
     torch_dtype = torch.float32 if dtype == "fp32" else DTYPES[dtype]
     a = torch.randn(size, size, device=device, dtype=torch_dtype)
     b = torch.randn(size, size, device=device, dtype=torch_dtype)
     stats = time_call(lambda: torch.mm(a, b), device, warmup=2, repeats=repeats, budget_s=10.0)
-    return 2 * size**3 / (stats["min_ms"] / 1e3) / 1e9
+    flop = 2 * size**3
+    return {"gflops": flop / (stats["min_ms"] / 1e3) / 1e9, "gflop_per_cpu_s": flop / (stats["cpu_ms"] / 1e3) / 1e9}
+
+
+def gemm_peak_gflops(device: torch.device, dtype: str = "fp32", size: int = 2048, repeats: int = 7) -> float:
+    return gemm_peak(device, dtype, size, repeats)["gflops"]
 
 
 def machine_info(device: torch.device) -> dict:
