@@ -316,6 +316,7 @@ class FLattenDeiT(nn.Module):
             if num_classes > 0
             else nn.Identity()
         )
+        self.head.train(self.training)
 
     @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:

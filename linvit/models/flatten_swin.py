@@ -418,6 +418,7 @@ class FLattenSwinTransformer(nn.Module):
             if num_classes > 0
             else nn.Identity()
         )
+        self.head.train(self.training)
 
     @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
