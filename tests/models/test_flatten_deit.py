@@ -196,3 +196,11 @@ def test_checkpoint_roundtrip_through_timm_and_resolution_change(tmp_path):
     with torch.no_grad():
         # resizing the table at load time equals resizing it at run time
         torch.testing.assert_close(bigger(torch.ones(1, 3, 96, 96)), source(torch.ones(1, 3, 96, 96)))
+
+
+def test_bf16_autocast_stays_finite_at_large_activations():
+    model = _tiny()
+    x = torch.randn(1, 3, 96, 128) * 16
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    assert torch.isfinite(out).all()

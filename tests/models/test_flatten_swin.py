@@ -519,3 +519,11 @@ def test_meta_device_build_has_no_real_storage():
 def test_direct_class_rejects_inconsistent_stage_lists():
     with pytest.raises(ValueError, match="one entry per stage"):
         FLattenSwinTransformer(depths=(2, 2), num_heads=(1, 2, 3), attn_types=("linear", "softmax"), device="meta")
+
+
+def test_bf16_autocast_stays_finite_at_large_activations():
+    model = _tiny()
+    x = torch.randn(1, 3, 96, 128) * 16  # large activations: the cubed kernel features overflow half precision
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    assert torch.isfinite(out).all()
