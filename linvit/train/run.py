@@ -89,7 +89,9 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
             metrics.update(_floats(result))
 
     export_cfg = cfg.get("export") or {}
-    if export_cfg.get("enabled", False) and trainer.is_global_zero:
+    if export_cfg.get("enabled", False) and trainer.is_global_zero and not _exportable(model):
+        _log.info("export skipped: %s is not an ImageClassifier (set export.enabled=false)", type(model).__name__)
+    elif export_cfg.get("enabled", False) and trainer.is_global_zero:
         from linvit.train.export import export_checkpoint
 
         source = best or str(output_dir / "checkpoints" / "last.ckpt")
@@ -103,6 +105,12 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     if trainer.is_global_zero:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
+
+
+def _exportable(model: Any) -> bool:
+    from linvit.train.module import ImageClassifier
+
+    return isinstance(model, ImageClassifier)
 
 
 def _route_lightning_logs_to_root() -> None:
@@ -142,5 +150,7 @@ def summarize(cfg: DictConfig, metrics: dict[str, float]) -> str:
                 f"{label}: top-1 {100 * metrics[f'{prefix}/acc1']:.2f}%  top-5 {100 * metrics[f'{prefix}/acc5']:.2f}%"
                 f"  loss {metrics[f'{prefix}/loss']:.4f}"
             )
+    if len(lines) == 1:  # another task (e.g. segmentation): list its test metrics
+        lines += [f"{key}: {value:.4f}" for key, value in sorted(metrics.items()) if key.startswith("test")]
     lines.append(f"wall time: {metrics.get('time/total_s', float('nan')):.1f} s")
     return "\n".join(lines)

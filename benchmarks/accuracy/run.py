@@ -1,0 +1,147 @@
+"""Train linvit_nano and a timm model of similar size with the same recipe; record accuracy and wall time.
+
+    python -m benchmarks.accuracy.run                        # every run below (about an hour on 2 CPU cores)
+    python -m benchmarks.accuracy.run --only digits          # the default run and its baseline (minutes)
+    python -m benchmarks.accuracy.run --only fashion_mnist   # needs dataset-fashion-mnist (apt)
+
+Each run is ``python train.py <overrides>`` in a subprocess (with ``OMP_WAIT_POLICY=PASSIVE``); its test metrics
+(``metrics.json`` of the run directory) and wall time go to ``benchmarks/accuracy/runs/<run>.json``; then
+``results.json`` (all runs) and ``RESULTS.md`` are rewritten from them, with one learning-curve PNG per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BASELINE = "efficientvit_b0"  # timm's EfficientViT (MIT): linear attention too, 2.1M parameters
+
+# name -> (dataset, model, train.py overrides); a baseline uses the linvit experiment's recipe with model=timm
+RUNS: dict[str, tuple[str, str, list[str]]] = {
+    "digits_linvit_nano": ("digits", "linvit_nano", ["experiment=digits_linvit_nano"]),
+    f"digits_{BASELINE}": (
+        "digits",
+        BASELINE,
+        ["experiment=digits_linvit_nano", "model=timm", f"model.model_name={BASELINE}"],
+    ),
+    "fashion_mnist_linvit_nano": ("fashion_mnist", "linvit_nano", ["experiment=fashion_mnist_linvit_nano"]),
+    f"fashion_mnist_{BASELINE}": (
+        "fashion_mnist",
+        BASELINE,
+        ["experiment=fashion_mnist_linvit_nano", "model=timm", f"model.model_name={BASELINE}"],
+    ),
+}
+
+
+def _params(model_name: str) -> int:
+    code = (
+        f"import timm, linvit; m = timm.create_model({model_name!r}, num_classes=10); "
+        "print(sum(p.numel() for p in m.parameters()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    return int(out.stdout.split()[-1])
+
+
+def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
+    dataset, model, overrides = RUNS[name]
+    run_dir = log_dir / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    overrides = [*overrides, *extra, f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+    command = [sys.executable, "train.py", *overrides]
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    plot = HERE / f"{name}.png"
+    shutil.copyfile(run_dir / "learning_curves.png", plot)
+    return {
+        "name": name,
+        "dataset": dataset,
+        "model": model,
+        "params": _params(model),
+        "command": "python train.py " + " ".join(shlex.quote(o) for o in overrides[:-2]),
+        "test_acc1": metrics.get("test/acc1"),
+        "test_acc5": metrics.get("test/acc5"),
+        "test_ema_acc1": metrics.get("test_ema/acc1"),
+        "wall_s": round(wall, 1),
+        "train_s": round(metrics.get("time/total_s", float("nan")), 1),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
+        "plot": plot.name,
+    }
+
+
+def write_report(rows: dict[str, dict]) -> None:
+    (HERE / "results.json").write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+    lines = [
+        "# Accuracy: linvit_nano beside a timm model of similar size, same recipe",
+        "",
+        "Written by `python -m benchmarks.accuracy.run` (do not edit by hand). Test top-1 of the best-validation",
+        "checkpoint (raw weights and EMA weights), on the held-out test split; wall time of the whole",
+        "`python train.py` process (start-up, training, validation, test, export) on a shared machine.",
+        "",
+        "| run | params | test top-1 | test top-1 (EMA) | test top-5 | wall time | command |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows.values():
+        ema = f"{100 * row['test_ema_acc1']:.2f}%" if row.get("test_ema_acc1") is not None else "-"
+        lines.append(
+            f"| {row['name']} | {row['params'] / 1e6:.2f}M | {100 * row['test_acc1']:.2f}% | {ema} "
+            f"| {100 * row['test_acc5']:.2f}% | {row['wall_s'] / 60:.1f} min | `{row['command']}` |"
+        )
+    lines += ["", "Machines and dates:", ""]
+    lines += [f"- {row['name']}: {row['machine']}, {row['date']}" for row in rows.values()]
+    lines += ["", "Learning curves:", ""]
+    lines += [f"![{row['name']}]({row['plot']})" for row in rows.values()]
+    (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
+
+
+def _load_rows() -> dict[str, dict]:
+    """Every recorded run: ``runs/<name>.json`` (one file per run, so that concurrent invocations never clash)."""
+    rows = {}
+    path = HERE / "results.json"
+    if path.is_file():
+        rows.update(json.loads(path.read_text()))
+    for run_file in sorted((HERE / "runs").glob("*.json")):
+        rows[run_file.stem] = json.loads(run_file.read_text())
+    return {name: rows[name] for name in RUNS if name in rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma list of datasets or run names (default: all)")
+    parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / "outputs" / "accuracy_benchmark")
+    parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the recorded runs")
+    parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
+    args = parser.parse_args(argv)
+    wanted = [w for w in args.only.split(",") if w]
+    names = [n for n, (dataset, _, _) in RUNS.items() if not wanted or n in wanted or dataset in wanted]
+    for name in [] if args.report_only else names:
+        sys.stdout.write(f"{name} ...\n")
+        sys.stdout.flush()
+        row = run_one(name, args.log_dir, args.overrides)
+        (HERE / "runs").mkdir(exist_ok=True)
+        (HERE / "runs" / f"{name}.json").write_text(json.dumps(row, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(f"  test top-1 {100 * row['test_acc1']:.2f}% in {row['wall_s']:.0f} s\n")
+        write_report(_load_rows())
+    write_report(_load_rows())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
