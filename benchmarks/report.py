@@ -390,7 +390,7 @@ def _plot_operators(index: dict, out_dir: Path, field: str, ylabel: str, filenam
     for i, mode in enumerate(modes):
         for j, (heads, head_dim) in enumerate(configs):
             ax = axes[i][j]
-            for name in OPERATORS:
+            for color, name in enumerate(OPERATORS):
                 points = sorted(
                     (r["case"]["map"] ** 2, r[field])
                     for r in ops
@@ -399,7 +399,7 @@ def _plot_operators(index: dict, out_dir: Path, field: str, ylabel: str, filenam
                     and (r["case"]["heads"], r["case"]["head_dim"]) == (heads, head_dim)
                 )
                 if points:
-                    ax.plot(*zip(*points), marker="o", label=name)
+                    ax.plot(*zip(*points), marker="o", label=name, color=f"C{color}")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_title(f"{heads}×{head_dim} heads, {'forward' if mode == 'fwd' else 'forward+backward'}")
@@ -420,14 +420,16 @@ def _plot_backbones(index: dict, out_dir: Path, field: str, ylabel: str, filenam
 
     rows = [r for r in _rows(index, "backbones") if _ok(r, field) is not None]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for model in dict.fromkeys(r["case"]["model"] for r in rows):
+    for color, model in enumerate(dict.fromkeys(r["case"]["model"] for r in _rows(index, "backbones"))):
         points = sorted(
             (r["case"]["height"] * r["case"]["width"], r[field] / r["case"]["batch"])
             for r in rows
             if r["case"]["model"] == model
         )
+        if not points:
+            continue
         style = "-" if model.startswith(("linvit_", "flatten_")) else "--"
-        ax.plot(*zip(*points), style, marker="o", label=model)
+        ax.plot(*zip(*points), style, marker="o", label=model, color=f"C{color % 10}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("pixels")
