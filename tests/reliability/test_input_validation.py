@@ -4,12 +4,12 @@
 smallest registered variant (every registered name under ``-m slow``).
 """
 
-import re
 import warnings
 
 import pytest
 import timm
 import torch
+from _families import linvit_model_names, smallest_variant_per_family
 from timm.models._registry import _model_to_module
 
 import linvit  # noqa: F401  (registers the models)
@@ -64,27 +64,6 @@ def test_check_image_batch_is_torchscript_and_fx_safe():
 
 
 # -- every family -------------------------------------------------------------------------------------------------
-def _linvit_model_names() -> list[str]:
-    return timm.list_models("linvit_*") + timm.list_models("flatten_*")
-
-
-_SIZE_ORDER = ("nano", "b0", "tiny", "b1", "small", "b2", "medium", "b3", "base", "b4", "large")
-
-
-def _size_rank(name: str) -> tuple[int, str]:
-    parts = re.split(r"[_\.]", name)
-    ranks = [_SIZE_ORDER.index(p) for p in parts if p in _SIZE_ORDER]
-    return (min(ranks) if ranks else len(_SIZE_ORDER), name)
-
-
-def smallest_variant_per_family() -> list[str]:
-    """One registered name per model file (family): the smallest by its size word (nano < b0 < tiny < ...)."""
-    families: dict[str, list[str]] = {}
-    for name in _linvit_model_names():
-        families.setdefault(_model_to_module.get(name, name), []).append(name)
-    return sorted(min(names, key=_size_rank) for names in families.values())
-
-
 _ADOPT = (
     "call `x = check_image_batch(x, self.in_chans, min_size=..., model_name=type(self).__name__)` "
     "(linvit.models._validation) first in forward_features and forward_intermediates"
@@ -146,6 +125,6 @@ def test_every_family_rejects_bad_input_at_its_entry(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params(_linvit_model_names()))
+@pytest.mark.parametrize("name", _params(linvit_model_names()))
 def test_every_registered_model_rejects_bad_input_at_its_entry(name):
     _assert_clear_entry_errors(name)
