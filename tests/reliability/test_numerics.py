@@ -2,11 +2,11 @@
 scaled up to std 16 and down to 1e-3: no NaN/Inf, and outputs and gradients close to fp32.
 
 Each family runs as its smallest registered variant, with fewer blocks, at 32x32. The scaling multiplies the input
-image and, through forward pre-hooks, the input of every linear-attention module, where the kernel maps and the key/value reductions
-live. Softmax (window) attention inputs are not scaled: with q and k x16 its logits grow 256x and the softmax turns
-into an argmax that no low precision reproduces (timm's own swin_tiny: relative error 0.65, gradient cosine 0.01
-in bf16), which says nothing about linvit. At x1e-3 the gradients of a random network are dominated by rounding
-in LayerNorm's backward (timm's own pvt_v2_b0: gradient cosine 0.52 in bf16), so there only finiteness of the
+image and, through forward pre-hooks, the input of every linear-attention module, where the kernel maps and the
+key/value reductions live. Softmax (window) attention inputs are not scaled: with q and k x16 its logits grow 256x and
+the softmax turns into an argmax that no low precision reproduces (timm's own swin_tiny: relative error 0.65, gradient
+cosine 0.01 in bf16), which says nothing about linvit. At x1e-3 the gradients of a random network are dominated by
+rounding in LayerNorm's backward (timm's own pvt_v2_b0: gradient cosine 0.52 in bf16), so there only finiteness of the
 gradients is asserted.
 """
 
