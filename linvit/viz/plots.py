@@ -86,7 +86,7 @@ def plot_attention_comparison(
     kernels: Sequence[str] = VIZ_KERNELS,
     focusing_factor: float = 3.0,
     note: str = "",
-    dpi: int = 110,
+    dpi: int = 100,
 ) -> dict[str, float]:
     """One PNG: the image with the query point, then each kernel's attention row over the image.
 
@@ -120,7 +120,8 @@ def plot_attention_comparison(
         axis.axis("off")
     caption = (
         f"attention of one query over {grid[0]}×{grid[1]} = {tokens.shape[0]} tokens (q = k = standardised features). "
-        "Linear kernels: the row of the N×N matrix their O(N) factorised form never builds, materialised for display."
+        "Linear kernels: the row of the N×N matrix their O(N) factorised form never builds, materialised for display. "
+        "Each panel is coloured up to its own maximum."
     )
     figure.text(0.5, 0.01, caption + (f"\n{note}" if note else ""), ha="center", va="bottom", fontsize=7.5)
     figure.tight_layout(rect=(0, 0.09, 1, 1))

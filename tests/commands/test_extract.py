@@ -94,3 +94,14 @@ def test_extract_skimage_photo(tmp_path):
     out = tmp_path / "astro"
     assert main(["extract", "skimage:astronaut", "--model", "test_convnext", "-o", str(out), "--no-progress"]) == 0
     assert (out / "astronaut_pca.png").is_file()
+
+
+def test_extract_linvit_nano_odd_size(tmp_path, two_images):
+    """linvit's own backbone at sizes that are not multiples of its strides: maps are ceil(size / stride)."""
+    out = tmp_path / "nano"
+    assert main(["extract", two_images[0], "--model", "linvit_nano", "-o", str(out), "--no-progress", "--no-png"]) == 0
+    features, metadata = load_features(out / "features.safetensors")
+    assert metadata["strides"] == [4, 8, 16, 32]
+    sizes = [tuple(f.shape[1:]) for f in features["wide"]]
+    assert sizes == [(-(-40 // s), -(-70 // s)) for s in (4, 8, 16, 32)]
+    assert all(torch.isfinite(f).all() for f in features["wide"])
