@@ -606,6 +606,11 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
     }
 
 
+# Sizes at the native resolution, linvit vs the paper: params 29.19M / 50.51M / 88.97M / 91.43M (29.2 / 50.5 / 89.0 /
+# 91.4); MACs 4.483G / 8.734G / 15.42G / 46.38G (4.48 / 8.73 / 15.4 / 46.4). MACs are counted with
+# linvit.utils.count_macs (PyTorch's flop counter: linears, convolutions, matmuls; elementwise work not counted) with
+# every product of the definition made visible to it: window softmax through explicit matmuls (the counter misses
+# PyTorch's fused CPU attention kernel) and linear attention per head. tests/models/test_flatten_swin.py checks them.
 default_cfgs = generate_default_cfgs(
     {
         "flatten_swin_tiny_patch4_224.in1k": _cfg(
