@@ -72,11 +72,12 @@ def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[in
     return grids
 
 
-class FocusedLinearLePEAttention(FocusedLinearAttention):
+class FocusedLinearLePEAttention(nn.Module):
     """FLatten's global focused linear attention plus CSWin's LePE, on the block's q|k|v (no projections).
 
-    forward(qkv, hw): qkv (B, N, 3C) = [q | k | v] -> (B, N, C) = focused(q, k, v) + DWC(v) + get_v(v).
-    Keys: `scale`, `positional_encoding`, `dwc.*` (from `FocusedLinearAttention`) and `get_v.*`.
+    forward(qkv, hw): qkv (B, N, 3C) = [q | k | v] -> (B, N, C) = focused(q, k, v) + DWC(v) + get_v(v), where
+    `focused` is linvit's `FocusedLinearAttention` without projections (its `scale`, `positional_encoding`, `dwc`
+    are the authors' `attns.0.{scale, positional_encoding, dwc}`) and `get_v` is CSWin's 3x3 depthwise LePE conv.
     """
 
     def __init__(
@@ -89,7 +90,9 @@ class FocusedLinearLePEAttention(FocusedLinearAttention):
         device=None,
         dtype=None,
     ):
-        super().__init__(
+        super().__init__()
+        self.dim = dim
+        self.focused = FocusedLinearAttention(
             dim,
             num_heads,
             focusing_factor=focusing_factor,
@@ -103,8 +106,7 @@ class FocusedLinearLePEAttention(FocusedLinearAttention):
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        # the parent's global path without projections (TorchScript cannot call super().forward)
-        out = self._attend(x, hw, None)
+        out = self.focused(x, hw)
         batch = x.shape[0]
         v = x[:, :, 2 * self.dim :]
         image = v.transpose(1, 2).reshape(batch, self.dim, hw[0], hw[1])
@@ -466,7 +468,9 @@ class FlattenCSwin(nn.Module):
         self.num_classes = num_classes
         if global_pool is not None:
             self.global_pool = global_pool
-        self.head.reset(num_classes, pool_type=global_pool)
+        # the new head goes where the model lives (the old head may hold no parameter to take it from)
+        reference = next(self.parameters())
+        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
 
     @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
@@ -476,7 +480,7 @@ class FlattenCSwin(nn.Module):
             for block in stage.blocks:
                 for branch in block.attns:
                     if isinstance(branch, FocusedLinearLePEAttention):
-                        set_attention_grid(branch, grid)
+                        set_attention_grid(branch.focused, grid)
 
     @torch.jit.ignore
     def load_pretrained(self, checkpoint_path: str) -> None:
@@ -546,8 +550,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     """Convert a FLatten-CSwin checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
 
     Renames `stage1_conv_embed.{0,2}` -> `stem.{conv,norm}`, `merge{s}` -> `stages.{s}.downsample`,
-    `stage{s}.{j}` -> `stages.{s-1}.blocks.{j}`, `head` -> `head.fc`, and resizes the linear blocks' positional
-    encodings when the model was built for another resolution.
+    `stage{s}.{j}` -> `stages.{s-1}.blocks.{j}`, a linear branch's `attns.0.{scale,positional_encoding,dwc}` ->
+    `attns.0.focused.*`, `head` -> `head.fc`, and resizes the linear blocks' positional encodings when the model
+    was built for another resolution.
     """
     state_dict = _unwrap_checkpoint(state_dict)
     if any(key.startswith("stages.") for key in state_dict):
@@ -557,6 +562,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
         key = key.replace("stage1_conv_embed.0.", "stem.conv.").replace("stage1_conv_embed.2.", "stem.norm.")
         key = re.sub(r"^merge(\d+)\.", lambda m: f"stages.{m.group(1)}.downsample.", key)
         key = re.sub(r"^stage(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
+        key = re.sub(r"\.attns\.0\.(scale|positional_encoding|dwc\.)", r".attns.0.focused.\1", key)
         key = re.sub(r"^head\.", "head.fc.", key)
         out[key] = value
     return resize_tables_to_model(out, model)

@@ -337,7 +337,9 @@ class FlattenPvtV2(nn.Module):
         self.num_classes = num_classes
         if global_pool is not None:
             self.global_pool = global_pool
-        self.head.reset(num_classes, pool_type=global_pool)
+        # the new head goes where the model lives (the old head may hold no parameter to take it from)
+        reference = next(self.parameters())
+        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
 
     @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:

@@ -302,14 +302,15 @@ def test_macs_tiny_match_paper():
 def test_structure_follows_the_authors():
     model = timm.create_model("flatten_cswin_tiny_224", device="meta")
     stage1_attn = model.stages[0].blocks[0].attns
-    assert len(stage1_attn) == 1 and stage1_attn[0].positional_encoding.shape == (1, 56 * 56, 64)
-    assert stage1_attn[0].dwc.weight.shape == (32, 1, 5, 5) and stage1_attn[0].get_v.weight.shape == (64, 1, 3, 3)
+    assert len(stage1_attn) == 1 and stage1_attn[0].focused.positional_encoding.shape == (1, 56 * 56, 64)
+    assert stage1_attn[0].focused.dwc.weight.shape == (32, 1, 5, 5)
+    assert stage1_attn[0].get_v.weight.shape == (64, 1, 3, 3)
     stage3_attn = model.stages[2].blocks[0].attns
     assert [branch.direction for branch in stage3_attn] == ["vertical", "horizontal"]
     assert stage3_attn[0].split_size == 7 and stage3_attn[0].get_v.weight.shape == (128, 1, 3, 3)
     assert [branch.direction for branch in model.stages[3].blocks[0].attns] == ["full"]
     model384 = timm.create_model("flatten_cswin_base_384", device="meta")
-    assert model384.stages[1].blocks[0].attns[0].positional_encoding.shape == (1, 48 * 48, 192)
+    assert model384.stages[1].blocks[0].attns[0].focused.positional_encoding.shape == (1, 48 * 48, 192)
     assert model384.stages[2].blocks[0].attns[0].split_size == 12
 
 
@@ -335,8 +336,8 @@ def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
     path = tmp_path / "authors.pth"
     _save_authors_file(path, reference, fake_yacs)
     model = _small(num_classes=10, img_size=96, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
-    assert model.stages[0].blocks[0].attns[0].positional_encoding.shape == (1, 24 * 24, 16)
-    assert model.stages[1].blocks[0].attns[0].positional_encoding.shape == (1, 12 * 12, 32)
+    assert model.stages[0].blocks[0].attns[0].focused.positional_encoding.shape == (1, 24 * 24, 16)
+    assert model.stages[1].blocks[0].attns[0].focused.positional_encoding.shape == (1, 12 * 12, 32)
     with torch.no_grad():
         assert torch.isfinite(model(torch.randn(1, 3, 96, 96))).all()
 
@@ -447,7 +448,7 @@ def test_set_input_size_resizes_tables_and_keeps_outputs():
         expected = model(x)
         model.set_input_size(96)
         actual = model(x)
-    table = model.stages[0].blocks[0].attns[0].positional_encoding
+    table = model.stages[0].blocks[0].attns[0].focused.positional_encoding
     assert table.shape[1] == 24 * 24 and table.requires_grad
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
@@ -459,6 +460,10 @@ def test_timm_api():
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)
     model.reset_classifier(0)
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 128)
+    model.to(torch.float64)
+    model.reset_classifier(0)
+    model.reset_classifier(2)  # the new head follows the model's dtype even though the old one had no parameters
+    assert model.get_classifier().weight.dtype == torch.float64
     names = [name for name, _ in model.named_parameters()]
     for pattern in model.no_weight_decay():
         assert any(fnmatch.fnmatch(name, pattern) for name in names), pattern

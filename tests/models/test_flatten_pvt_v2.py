@@ -348,6 +348,10 @@ def test_timm_api():
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, SMALL["embed_dims"][-1])
     pooled = model.forward_head(model.forward_features(torch.randn(1, 3, 64, 64)), pre_logits=True)
     assert pooled.shape == (1, SMALL["embed_dims"][-1])
+    model.to(torch.float64)
+    model.reset_classifier(0)
+    model.reset_classifier(2)  # the new head follows the model's dtype even though the old one had no parameters
+    assert model.get_classifier().weight.dtype == torch.float64
     names = [name for name, _ in model.named_parameters()]
     for pattern in model.no_weight_decay():
         assert any(fnmatch.fnmatch(name, pattern) for name in names), pattern
