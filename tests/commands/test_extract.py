@@ -105,3 +105,24 @@ def test_extract_linvit_nano_odd_size(tmp_path, two_images):
     sizes = [tuple(f.shape[1:]) for f in features["wide"]]
     assert sizes == [(-(-40 // s), -(-70 // s)) for s in (4, 8, 16, 32)]
     assert all(torch.isfinite(f).all() for f in features["wide"])
+
+
+def test_extract_with_checkpoint(tmp_path, two_images):
+    """--checkpoint loads the weights (a Lightning-style 'model.' prefix included) before extracting."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(7)
+    source = timm.create_model("test_convnext", num_classes=3).eval()
+    checkpoint = tmp_path / "trained.safetensors"
+    save_file({f"model.{k}": v.contiguous() for k, v in source.state_dict().items()}, str(checkpoint))
+    out = tmp_path / "ckpt"
+    args = ["extract", two_images[0], "--model", "test_convnext", "--checkpoint", str(checkpoint), "-o", str(out)]
+    assert main([*args, "--no-png", "--no-progress"]) == 0
+    features, metadata = load_features(out / "features.safetensors")
+    assert metadata["checkpoint"] == str(checkpoint)
+    tensor = image_to_tensor(load_image(two_images[0]), metadata["mean"], metadata["std"])
+    with torch.no_grad():
+        expected = source.forward_intermediates(tensor[None], intermediates_only=True)
+    for level, reference in zip(features["wide"], expected):
+        torch.testing.assert_close(level, reference[0], atol=1e-5, rtol=1e-4)

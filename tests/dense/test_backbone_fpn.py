@@ -48,19 +48,25 @@ def test_unknown_model_names_close_matches():
         create_feature_backbone("resnet_18")
 
 
-def test_checkpoint_with_lightning_prefix_loads(tmp_path):
+@pytest.mark.parametrize("name", ["test_convnext", "linvit_nano"])
+def test_checkpoint_with_lightning_prefix_loads(tmp_path, name):
     import timm
     from safetensors.torch import save_file
 
-    source = timm.create_model("test_convnext", num_classes=5)
-    state = {f"model.{k}": v.clone() for k, v in source.state_dict().items()}
+    torch.manual_seed(0)
+    source = timm.create_model(name, num_classes=5)
+    with torch.no_grad():  # non-trivial values everywhere (zero-initialised tables included)
+        for parameter in source.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    state = {f"model.{k}": v.clone().contiguous() for k, v in source.state_dict().items()}
     path = tmp_path / "weights.safetensors"
     save_file(state, str(path))
-    backbone = create_feature_backbone("test_convnext", checkpoint=path).eval()
-    x = torch.randn(1, 3, 32, 32)
-    expected = source.eval().forward_intermediates(x, intermediates_only=True)
-    for a, b in zip(backbone(x), expected):
-        torch.testing.assert_close(a, b)
+    backbone = create_feature_backbone(name, checkpoint=path).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        expected = source.eval().forward_intermediates(x, intermediates_only=True)
+        for a, b in zip(backbone(x), expected):
+            torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="not found"):
         create_feature_backbone("test_convnext", checkpoint=tmp_path / "missing.pth")
 
