@@ -341,3 +341,21 @@ def test_torchscript_matches_eager():
     scripted = torch.jit.script(model)
     x = torch.randn(1, 3, 60, 90)
     torch.testing.assert_close(scripted(x), model(x))
+
+
+def test_fx_feature_extraction_matches_eager():
+    from timm.models import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model = _randomize(_small()).eval()
+    tracer_kwargs = {"leaf_modules": list(get_notrace_modules()), "autowrap_functions": list(get_notrace_functions())}
+    extractor = create_feature_extractor(
+        model, return_nodes={"stages.1": "s1", "head.fc": "logits"}, tracer_kwargs=tracer_kwargs
+    )
+    x = torch.randn(1, 3, 60, 90)
+    with torch.no_grad():
+        traced = extractor(x)
+        torch.testing.assert_close(traced["logits"], model(x))
+        torch.testing.assert_close(
+            traced["s1"], model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+        )

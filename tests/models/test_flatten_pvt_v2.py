@@ -379,3 +379,21 @@ def test_head_dims_are_those_of_the_paper():
     dims = [stage.blocks[0].attn.dwc.weight.shape[0] for stage in model.stages]
     assert dims == [64, 64, 64, 64]
     assert math.prod(model.stages[0].blocks[0].attn.positional_encoding.shape) == 56 * 56 * 64
+
+
+def test_fx_feature_extraction_matches_eager():
+    from timm.models import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model = _randomize(_small()).eval()
+    tracer_kwargs = {"leaf_modules": list(get_notrace_modules()), "autowrap_functions": list(get_notrace_functions())}
+    extractor = create_feature_extractor(
+        model, return_nodes={"stages.1": "s1", "head.fc": "logits"}, tracer_kwargs=tracer_kwargs
+    )
+    x = torch.randn(1, 3, 60, 90)
+    with torch.no_grad():
+        traced = extractor(x)
+        torch.testing.assert_close(traced["logits"], model(x))
+        torch.testing.assert_close(
+            traced["s1"], model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+        )
