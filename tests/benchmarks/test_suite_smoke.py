@@ -17,20 +17,8 @@ def _records(out_dir) -> list[dict]:
 def test_operator_suite_runs_and_reports(tmp_path):
     # Worker processes are the slow part (one per memory case): forward only, three operators.
     ops = "authors_focused,sdpa_global,linvit_focused"
-    argv = [
-        "--only",
-        "operators",
-        "--maps",
-        "8",
-        "--heads",
-        "2x8",
-        "--ops",
-        ops,
-        "--modes",
-        "fwd",
-        "--out",
-        str(tmp_path),
-    ]
+    argv = ["--quick", "--only", "operators", "--maps", "8", "--heads", "2x8", "--ops", ops, "--modes", "fwd"]
+    argv += ["--out", str(tmp_path)]
     assert run.main(argv + ["--repeats", "1", "--budget", "0.01"]) == 0
     records = _records(tmp_path)
     latency = {r["case"]["op"]: r for r in records if r["kind"] == "latency" and r["case"]["mode"] == "fwd"}
@@ -74,7 +62,7 @@ def test_backbone_and_training_cases_measure_in_process():
 
 @pytest.mark.slow
 def test_backbone_and_training_suites_run_and_skip_missing_models(tmp_path):
-    argv = ["--only", "backbones,training", "--models", "resnet18,not_a_registered_model", "--sizes", "32"]
+    argv = ["--quick", "--only", "backbones,training", "--models", "resnet18,not_a_registered_model", "--sizes", "32"]
     argv += ["--train-size", "32", "--train-batch", "2", "--out", str(tmp_path), "--repeats", "1", "--budget", "0.01"]
     assert run.main(argv) == 0
     records = _records(tmp_path)
