@@ -57,19 +57,37 @@ def _power(x: Tensor, p: float) -> Tensor:
 
 
 def focused_feature_parts(
-    x: Tensor, scale: Tensor | None, focusing_factor: float = 3.0, eps: float = 1e-6, dim: int = -1
+    x: Tensor,
+    scale: Tensor | None,
+    focusing_factor: float = 3.0,
+    eps: float = 1e-6,
+    dim: int = -1,
+    in_place: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The focused map split as φ(x) = x_p · α, with α a per-token factor (size 1 along `dim`).
 
     x_p = ((relu(x) + eps) / softplus(scale))^p elementwise and α = ‖x'‖ / ‖x'^p‖ with the norms over `dim` (all C
     channels of a token, before any head split). Returning α separately lets the attention fold it into the small
     per-token normaliser instead of rescaling the whole tensor. `scale` must broadcast against x.
+
+    in_place: overwrite x with x_p (for callers that own x, with autograd off). Without it, inference (autograd
+    off) still uses a single new buffer; with autograd on, every step is out of place.
     """
-    x = F.relu(x) + eps
-    if scale is not None:
-        x = x / F.softplus(scale)
-    norm = torch.linalg.vector_norm(x, ord=2, dim=dim, keepdim=True)
-    x_p = _power(x, focusing_factor)
+    if torch.is_grad_enabled() and not in_place:
+        x = F.relu(x) + eps
+        if scale is not None:
+            x = x / F.softplus(scale)
+        norm = torch.linalg.vector_norm(x, ord=2, dim=dim, keepdim=True)
+        x_p = _power(x, focusing_factor)
+    else:
+        # One buffer updated in place: large temporaries are costly on CPUs, where freed blocks often go back to the
+        # operating system and the next allocation page-faults again.
+        x = x.relu_() if in_place else F.relu(x)
+        x = x.add_(eps)
+        if scale is not None:
+            x = x.div_(F.softplus(scale))
+        norm = torch.linalg.vector_norm(x, ord=2, dim=dim, keepdim=True)
+        x_p = x if focusing_factor == 1.0 else x.pow_(focusing_factor)
     return x_p, norm / torch.linalg.vector_norm(x_p, ord=2, dim=dim, keepdim=True)
 
 

@@ -69,19 +69,26 @@ def _focused_core(
     key_mask: Tensor | None,
     eps: float,
     residual: Tensor | None,
+    in_place: bool,
 ) -> Tensor:
     batch, tokens, channels = q.shape
+    # In place only on tensors this call owns: q and k when the caller says so (views of its own qkv output), or
+    # their float32 copies under autocast; and never with autograd on.
+    grad = torch.is_grad_enabled()
+    q_in_place = not grad and (in_place or q.dtype == torch.float16 or q.dtype == torch.bfloat16)
+    k_in_place = not grad and (in_place or k.dtype == torch.float16 or k.dtype == torch.bfloat16)
     q = at_least_float32(q)
     k = at_least_float32(k)
     v = at_least_float32(v)
     scale = at_least_float32(scale)
-    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor)  # norms over all C channels
-    k_p, k_factor = focused_feature_parts(k, scale, focusing_factor)
+    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor, in_place=q_in_place)  # norms over all C
+    k_p, k_factor = focused_feature_parts(k, scale, focusing_factor, in_place=k_in_place)
     heads = (batch, tokens, num_heads, channels // num_heads)
+    k_p = k_p * k_factor if grad else k_p.mul_(k_factor)
     if residual is not None:
         residual = residual.view(heads)
     out = linear_attention_tokens(
-        q_p.view(heads), (k_p * k_factor).view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual
+        q_p.view(heads), k_p.view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual, True
     )
     return out.view(batch, tokens, channels)
 
@@ -97,12 +104,17 @@ def focused_linear_core(
     key_mask: Tensor | None,
     eps: float,
     residual: Tensor | None = None,
+    in_place: bool = False,
 ) -> Tensor:
-    """Focused map + linear attention (+ residual) on (B, N, C) q, k, v, float32 with autocast off; returns float32."""
+    """Focused map + linear attention (+ residual) on (B, N, C) q, k, v, float32 with autocast off; returns float32.
+
+    in_place: q and k belong to the caller's own temporary (the qkv output) and may be overwritten when autograd is
+    off; the residual is always accumulated into (it must be a temporary of the caller).
+    """
     if torch.jit.is_scripting():
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual)
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual)
+        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
 
 
 @torch.fx.wrap
@@ -111,9 +123,9 @@ def mapped_linear_core(
 ) -> Tensor:
     """Linear attention (+ residual) on mapped (B, N, h, m) q, k and (B, N, h, e) v, float32 with autocast off."""
     if torch.jit.is_scripting():
-        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual)
+        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual)
+        return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
 
 
 def _channels_last_image(x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
@@ -283,16 +295,18 @@ class FocusedLinearAttention(nn.Module):
     def _attend(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid; returns projected (B', n, C)."""
         qkv = x
+        owns_qkv = False
         if self.qkv is not None:
             qkv = self.qkv(x)
+            owns_qkv = not torch.is_grad_enabled()  # inference: q and k may be overwritten in the qkv buffer
         q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)  # strided (B', n, C) views
-        k = self._add_positional_encoding(k, grid, key_mask)
+        k = self._add_positional_encoding(k, grid, key_mask, owns_qkv)
         residual: Tensor | None = None
         if self.dwc is not None:
             residual = self._depthwise_conv_values(v, grid, key_mask)  # added inside the core's last pass
         if self.feature_map is None:
             out = focused_linear_core(
-                q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps, residual
+                q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps, residual, owns_qkv
             )
         else:
             heads = (self.num_heads, self.head_dim)
@@ -307,10 +321,14 @@ class FocusedLinearAttention(nn.Module):
             out = self.proj(out)
         return out
 
-    def _add_positional_encoding(self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-        """k: (B', n, C)."""
+    def _add_positional_encoding(
+        self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None, in_place: bool = False
+    ) -> Tensor:
+        """k: (B', n, C); in_place: k is a view of the module's own qkv buffer and autograd is off."""
         if self.positional_encoding is not None:
             table = resize_positional_table(self.positional_encoding, self.pos_size, grid)  # (1, n, C)
+            if in_place:
+                return k.add_(table.to(k.dtype))
             return k + table.to(k.dtype)
         if self.positional_conv is not None:
             position = self.positional_conv(_channels_last_image(k, grid, key_mask))

@@ -73,6 +73,7 @@ def linear_attention_tokens(
     query_scale: Tensor | None = None,
     eps: float = 1e-6,
     residual: Tensor | None = None,
+    residual_in_place: bool = False,
 ) -> Tensor:
     """Linear attention in token layout, heads next to channels: the layout attention modules hold tensors in.
 
@@ -90,6 +91,8 @@ def linear_attention_tokens(
             pass over q; the focusing map produces such a factor.
         eps: added to the normaliser.
         residual: optional (B, N, heads, e) tensor added to the output in the same pass (e.g. FLatten's DWC(v)).
+        residual_in_place: accumulate into `residual` itself (when it is float32 or float64) instead of a new
+            tensor; for callers that own it (saves one large allocation).
 
     Returns:
         (B, N, heads, e), contiguous, in at least float32 (callers cast back).
@@ -116,5 +119,8 @@ def linear_attention_tokens(
         z = 1.0 / (den + eps)
     # num is a view of the GEMM output (B, h, N, e + 1): one pass reads it and writes token layout.
     if residual is not None:
-        return torch.addcmul(at_least_float32(residual), num, z)
+        base = at_least_float32(residual)
+        if residual_in_place:
+            return base.addcmul_(num, z)
+        return torch.addcmul(base, num, z)
     return (num * z).contiguous()

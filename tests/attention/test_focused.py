@@ -218,3 +218,17 @@ def test_hw_that_disagrees_with_tokens_is_an_error():
     module = FocusedLinearAttention(16, 2, pos_size=(4, 4))
     with pytest.raises(ValueError, match="N must equal H \\* W"):
         module(torch.randn(1, 17, 16), (4, 4))
+
+
+@pytest.mark.parametrize("kwargs", [{"pos_size": (5, 6)}, {"window_size": 4}, {"pos_encoding": "conv"}])
+def test_inference_path_equals_autograd_path(kwargs):
+    """Without autograd the module overwrites its own qkv buffer in place; results must not change."""
+    module = _randomise(FocusedLinearAttention(16, 2, dtype=torch.float64, **kwargs))
+    x = _tokens(2, (5, 6), 16)
+    with torch.no_grad():
+        inference = module(x, (5, 6))
+    torch.testing.assert_close(inference, module(x, (5, 6)), rtol=1e-12, atol=1e-12)
+    x_copy = x.clone()
+    with torch.inference_mode():
+        module(x, (5, 6))
+    assert torch.equal(x, x_copy)  # the input is never written

@@ -141,3 +141,11 @@ def test_hybrid_is_window_softmax_plus_global_linear():
     x = _tokens(2, hw, 16)
     expected = hybrid.proj(window(x, hw) + linear(x, hw))
     torch.testing.assert_close(hybrid(x, hw), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_hybrid_inference_leaves_shared_qkv_intact():
+    hybrid = _randomise(HybridAttention(16, 2, window_size=4, dtype=torch.float64)).eval()
+    x = _tokens(1, (6, 5), 16)
+    with torch.no_grad():
+        inference = hybrid(x, (6, 5))
+    torch.testing.assert_close(inference, hybrid(x, (6, 5)), rtol=1e-12, atol=1e-12)
