@@ -601,11 +601,15 @@ def _cfg(**kwargs) -> dict[str, Any]:
     }
 
 
-# The authors publish their weights on Tsinghua cloud / Google Drive only; load them with
+# Of this family the authors released only FLatten-CSwin-T (Tsinghua Cloud link in `origin_url`; timm cannot fetch it
+# itself: the link has no file name). Download it and load it with
 # pretrained_cfg_overlay=dict(file="path/to/flatten_cswin_tiny.pth").
 default_cfgs = generate_default_cfgs(
     {
-        "flatten_cswin_tiny_224.in1k": _cfg(),
+        "flatten_cswin_tiny_224.in1k": _cfg(
+            origin_url="https://cloud.tsinghua.edu.cn/f/48ba765ba8b0451d9d5a/?dl=1",
+            notes=("authors' release (83.1% top-1, its 'model' weights); pass pretrained_cfg_overlay=dict(file=...)",),
+        ),
         "flatten_cswin_small_224.in1k": _cfg(),
         "flatten_cswin_base_224.in1k": _cfg(),
         "flatten_cswin_base_384.in1k": _cfg(input_size=(3, 384, 384), pool_size=(12, 12), crop_pct=1.0),

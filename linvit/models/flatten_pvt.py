@@ -362,11 +362,15 @@ def _pvt_cfg(**kwargs) -> dict[str, Any]:
     return _cfg(paper_ids=["arXiv:2308.00442", "arXiv:2102.12122"], **kwargs)
 
 
-# The authors publish their weights on Tsinghua cloud / Google Drive only; load them with
+# Of this family the authors released only FLatten-PVT-T (Tsinghua Cloud link in `origin_url`; timm cannot fetch it
+# itself: the link has no file name). Download it and load it with
 # pretrained_cfg_overlay=dict(file="path/to/flatten_pvt_t.pth").
 default_cfgs = generate_default_cfgs(
     {
-        "flatten_pvt_tiny.in1k": _pvt_cfg(),
+        "flatten_pvt_tiny.in1k": _pvt_cfg(
+            origin_url="https://cloud.tsinghua.edu.cn/f/3ab1d773f19d45648690/?dl=1",
+            notes=("authors' release (77.8% top-1); download it and pass pretrained_cfg_overlay=dict(file=...)",),
+        ),
         "flatten_pvt_small.in1k": _pvt_cfg(),
         "flatten_pvt_medium.in1k": _pvt_cfg(),
         "flatten_pvt_large.in1k": _pvt_cfg(),

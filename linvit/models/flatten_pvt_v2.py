@@ -518,11 +518,15 @@ def _cfg(**kwargs) -> dict[str, Any]:
     }
 
 
-# The authors publish their weights on Tsinghua cloud / Google Drive only; load them with
+# Of this family the authors released only FLatten-PVTv2-B0 (Tsinghua Cloud link in `origin_url`; timm cannot fetch it
+# itself: the link has no file name). Download it and load it with
 # pretrained_cfg_overlay=dict(file="path/to/flatten_pvt_v2_b0.pth").
 default_cfgs = generate_default_cfgs(
     {
-        "flatten_pvt_v2_b0.in1k": _cfg(),
+        "flatten_pvt_v2_b0.in1k": _cfg(
+            origin_url="https://cloud.tsinghua.edu.cn/f/5d1f01532b104da28e7b/?dl=1",
+            notes=("authors' release (71.1% top-1); download it and pass pretrained_cfg_overlay=dict(file=...)",),
+        ),
         "flatten_pvt_v2_b1.in1k": _cfg(),
         "flatten_pvt_v2_b2.in1k": _cfg(),
         "flatten_pvt_v2_b3.in1k": _cfg(),
