@@ -51,18 +51,17 @@ class FPN(nn.Module):
                 f"FPN built for {len(self.in_channels)} levels got {len(features)} feature maps; "
                 "build it with in_channels=backbone.channels."
             )
+        # index loops over ModuleLists (not zip) keep the neck TorchScript-compatible
         laterals: list[Tensor] = []
-        for feature, lateral_conv in zip(features, self.lateral_convs):
-            laterals.append(lateral_conv(feature))
-        # top-down: coarsest first, each upsampled to the next finer lateral's exact size
-        merged: list[Tensor] = [laterals[-1]]
-        for lateral in laterals[:-1][::-1]:
-            top = F.interpolate(merged[-1], size=lateral.shape[-2:], mode="nearest")
-            merged.append(lateral + top)
-        merged = merged[::-1]
+        for i, lateral_conv in enumerate(self.lateral_convs):
+            laterals.append(lateral_conv(features[i]))
+        # top-down, coarsest first: each coarser map is upsampled to the next finer lateral's exact size
+        for i in range(len(laterals) - 1, 0, -1):
+            top = F.interpolate(laterals[i], size=laterals[i - 1].shape[-2:], mode="nearest")
+            laterals[i - 1] = laterals[i - 1] + top
         outputs: list[Tensor] = []
-        for feature, output_conv in zip(merged, self.output_convs):
-            outputs.append(output_conv(feature))
+        for i, output_conv in enumerate(self.output_convs):
+            outputs.append(output_conv(laterals[i]))
         for _ in range(self.num_extra_levels):
             outputs.append(F.max_pool2d(outputs[-1], kernel_size=1, stride=2))
         return outputs

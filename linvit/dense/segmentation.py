@@ -68,13 +68,12 @@ class SemanticFPNHead(nn.Module):
 
     def forward(self, features: list[Tensor]) -> Tensor:
         size = features[0].shape[-2:]
-        fused: Tensor | None = None
-        for feature, scale_head in zip(features, self.scale_heads):
-            # the upsampling inside each stage is folded into one resize to the finest map (same result for ×2^k
-            # sizes, exact alignment for odd sizes)
-            out = F.interpolate(scale_head(feature), size=size, mode="bilinear", align_corners=False)
-            fused = out if fused is None else fused + out
-        assert fused is not None
+        fused = torch.zeros(0)
+        for i, scale_head in enumerate(self.scale_heads):
+            # the ×2 upsampling between stages is folded into one resize to the finest map: the same for ×2^k
+            # sizes, and exact alignment for odd sizes
+            out = F.interpolate(scale_head(features[i]), size=size, mode="bilinear", align_corners=False)
+            fused = out if i == 0 else fused + out
         return self.classifier(self.dropout(fused))
 
 
@@ -107,29 +106,35 @@ class UPerNetHead(nn.Module):
 
     def _pyramid_pooling(self, x: Tensor) -> Tensor:
         pooled = [x]
-        for scale, conv in zip(self.pool_scales, self.ppm_convs):
-            y = conv(F.adaptive_avg_pool2d(x, scale))
+        for i, conv in enumerate(self.ppm_convs):
+            y = conv(F.adaptive_avg_pool2d(x, self.pool_scales[i]))
             pooled.append(F.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False))
         return self.ppm_bottleneck(torch.cat(pooled, dim=1))
 
     def forward(self, features: list[Tensor]) -> Tensor:
+        # index loops over ModuleLists (not zip) keep the head TorchScript-compatible
         top = self._pyramid_pooling(features[-1])
         laterals: list[Tensor] = []
-        for feature, lateral_conv in zip(features[:-1], self.lateral_convs):
-            laterals.append(lateral_conv(feature))
+        for i, lateral_conv in enumerate(self.lateral_convs):
+            laterals.append(lateral_conv(features[i]))
         laterals.append(top)
         for i in range(len(laterals) - 1, 0, -1):
             up = F.interpolate(laterals[i], size=laterals[i - 1].shape[-2:], mode="bilinear", align_corners=False)
             laterals[i - 1] = laterals[i - 1] + up
-        outputs: list[Tensor] = []
-        for lateral, fpn_conv in zip(laterals[:-1], self.fpn_convs):
-            outputs.append(fpn_conv(lateral))
-        outputs.append(top)
-        size = outputs[0].shape[-2:]
-        resized = [outputs[0]] + [
-            F.interpolate(o, size=size, mode="bilinear", align_corners=False) for o in outputs[1:]
-        ]
+        size = laterals[0].shape[-2:]
+        resized: list[Tensor] = []
+        for i, fpn_conv in enumerate(self.fpn_convs):
+            out = fpn_conv(laterals[i])
+            resized.append(out if i == 0 else F.interpolate(out, size=size, mode="bilinear", align_corners=False))
+        resized.append(F.interpolate(top, size=size, mode="bilinear", align_corners=False))
         return self.classifier(self.dropout(self.fuse(torch.cat(resized, dim=1))))
+
+
+class _NoNeck(nn.Module):
+    """Passes the backbone's maps through (UPerNet fuses them itself); typed for TorchScript, unlike nn.Identity."""
+
+    def forward(self, features: list[Tensor]) -> list[Tensor]:
+        return features
 
 
 class SegmentationModel(nn.Module):
@@ -160,7 +165,7 @@ class SegmentationModel(nn.Module):
                 channels, backbone.strides, num_classes, channels=channels, dropout=dropout, **factory
             )
         else:
-            self.neck = nn.Identity()
+            self.neck = _NoNeck()
             self.head = UPerNetHead(backbone.channels, num_classes, channels=channels, dropout=dropout, **factory)
 
     def forward(self, images: Tensor) -> Tensor:

@@ -94,3 +94,13 @@ def test_training_learns_synthetic_shapes(tmp_path):
     assert miou > 0.45, f"mIoU {miou:.3f} after training"
     assert miou > 2 * background_only, (miou, background_only)
     assert np.isfinite(float(trainer.callback_metrics["val/loss"]))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit.script is deprecated but still what users call
+@pytest.mark.parametrize("head", ["fpn", "upernet"])
+def test_neck_and_head_script(head):
+    model = create_segmentation_model("test_convnext", num_classes=3, head=head, channels=16).eval()
+    neck, decoder = torch.jit.script(model.neck), torch.jit.script(model.head)
+    with torch.no_grad():
+        features = model.backbone(torch.randn(1, 3, 50, 66))
+        torch.testing.assert_close(decoder(neck(features)), model.head(model.neck(features)))
