@@ -4,12 +4,15 @@ Convolutional stem (stride 4) -> four stages at strides 4/8/16/32 -> LayerNorm -
 Each stage: a 3x3 stride-2 convolutional downsample (stages 2-4), then pre-norm transformer blocks with a
 convolutional position encoding (depthwise 3x3, residual) before each block. The attention of each stage is chosen by
 name (``linvit.attention.create_attention``): by default focused linear attention with depthwise-conv enhancement in
-the two high-resolution stages (global, linear in the token count) and 7x7 window softmax in the two low-resolution
-ones. No parameter depends on the input size; any H x W works (strided convolutions round up, window attention pads
-and crops internally).
+the two high-resolution stages (global, linear in the token count) and 8x8 window softmax (shifted in every other
+block) in the two low-resolution ones. No parameter depends on the input size; any H x W works (strided convolutions
+round up, window attention pads and crops internally).
 
 Layout for speed: feature maps stay NCHW in channels-last memory, so the (B, N, C) token view the blocks use and the
-(B, C, H, W) view the convolutions use are the same memory, with no copy between them.
+(B, C, H, W) view the convolutions use are the same memory, with no copy between them. The variants spend their MACs
+in stage 3 (stride 16), where token matrices are GEMM-friendly, and keep one block at stride 4, where elementwise
+work on many narrow tokens is memory-bound. 8x8 windows tile the power-of-two maps of high-resolution inputs
+(1024 -> 64 and 32) without padding.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class LinViTStage(nn.Module):
         attn_kwargs = dict(attn_kwargs or {})
         # windowed attentions alternate plain and half-shifted windows (as Swin) unless the caller fixed the shift
         shifted = attention in ("window", "hybrid") and "shift_size" not in attn_kwargs
-        window_size = attn_kwargs.get("window_size", 7)
+        window_size = attn_kwargs.get("window_size", 8)
         shift = window_size // 2 if isinstance(window_size, int) else tuple(w // 2 for w in window_size)
         self.blocks = nn.ModuleList(
             [
@@ -150,7 +153,7 @@ class LinViT(nn.Module):
         head_dim: int = 32,
         attn_layers: Sequence[str] = DEFAULT_ATTN_LAYERS,
         attn_kwargs: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-        window_size: int = 7,
+        window_size: int = 8,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         drop_rate: float = 0.0,
@@ -387,20 +390,20 @@ def linvit_nano(pretrained: bool = False, **kwargs) -> LinViT:
 
 @register_model
 def linvit_tiny(pretrained: bool = False, **kwargs) -> LinViT:
-    """LinViT-Tiny: the Swin-T budget (~28M parameters, ~4.5 GMACs at 224)."""
-    args = {"embed_dims": (64, 128, 320, 640), "depths": (2, 2, 12, 2)}
+    """LinViT-Tiny: the Swin-T budget (28.1M parameters, 4.5 GMACs at 224)."""
+    args = {"embed_dims": (64, 128, 320, 640), "depths": (1, 2, 12, 2)}
     return _create_linvit("linvit_tiny", pretrained=pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def linvit_small(pretrained: bool = False, **kwargs) -> LinViT:
     """LinViT-Small: the Swin-S budget."""
-    args = {"embed_dims": (64, 128, 384, 768), "depths": (2, 2, 20, 2)}
+    args = {"embed_dims": (64, 128, 384, 768), "depths": (1, 2, 20, 2)}
     return _create_linvit("linvit_small", pretrained=pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def linvit_base(pretrained: bool = False, **kwargs) -> LinViT:
     """LinViT-Base: the Swin-B budget."""
-    args = {"embed_dims": (96, 192, 512, 1024), "depths": (2, 2, 20, 2)}
+    args = {"embed_dims": (96, 192, 512, 1024), "depths": (1, 2, 20, 2)}
     return _create_linvit("linvit_base", pretrained=pretrained, **dict(args, **kwargs))

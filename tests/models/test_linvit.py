@@ -126,7 +126,7 @@ def test_single_attention_name_for_every_stage():
 def test_window_stages_alternate_shifted_windows():
     model = _nano(depths=(1, 1, 3, 2))
     shifts = [block.attn.shift_size for block in model.stages[2].blocks]
-    assert shifts == [(0, 0), (3, 3), (0, 0)]
+    assert shifts == [(0, 0), (4, 4), (0, 0)]
 
 
 def test_attention_layout_length_is_checked():
