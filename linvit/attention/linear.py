@@ -42,8 +42,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = 
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            f"linear_attention expects (B, heads, N, d) tensors, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}; split heads first, e.g. x.view(B, N, heads, d).transpose(1, 2)."
+            f"linear_attention expects (B, heads, N, d) tensors, got q {q.shape}, k {k.shape}, "
+            f"v {v.shape}; split heads first, e.g. x.view(B, N, heads, d).transpose(1, 2)."
         )
     out_dtype = v.dtype
     q = at_least_float32(q)

@@ -96,3 +96,32 @@ def test_factory_names_and_errors():
         create_attention("linear", 16, 2, kernel="elu")
     focused = create_attention("focused", 16, 2, kernel="taylor", pos_encoding="none")
     assert focused.kernel == "taylor"
+
+
+def test_functional_cores_compile_under_torchscript():
+    from linvit.attention import (
+        elu_feature_map,
+        favor_feature_map,
+        focused_feature_map,
+        linear_attention,
+        linear_attention_tokens,
+        relu_feature_map,
+        resize_positional_table,
+        taylor_feature_map,
+    )
+
+    q, k, v = (torch.rand(1, 2, 6, 4) for _ in range(3))
+    scripted = torch.jit.script(linear_attention)
+    torch.testing.assert_close(scripted(q, k, v), linear_attention(q, k, v))
+    tokens = [t.transpose(1, 2) for t in (q, k, v)]
+    torch.testing.assert_close(torch.jit.script(linear_attention_tokens)(*tokens), linear_attention_tokens(*tokens))
+    for function in (elu_feature_map, focused_feature_map, relu_feature_map, taylor_feature_map):
+        torch.testing.assert_close(torch.jit.script(function)(q), function(q))
+    projection = torch.randn(8, 4)
+    torch.testing.assert_close(
+        torch.jit.script(favor_feature_map)(q, projection, True), favor_feature_map(q, projection, True)
+    )
+    table = torch.randn(1, 16, 3)
+    torch.testing.assert_close(
+        torch.jit.script(resize_positional_table)(table, (4, 4), (5, 3)), resize_positional_table(table, (4, 4), (5, 3))
+    )
