@@ -264,6 +264,17 @@ def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
     torch.testing.assert_close(attn.positional_encoding.detach(), expected)
 
 
+def test_filter_takes_the_whole_authors_file_dict():
+    reference = _randomize(AuthorsPvtV2(SMALL_IMG, num_classes=10, **SMALL))
+    model = _small(num_classes=10)
+    checkpoint = {"model": reference.state_dict(), "optimizer": {"state": {}}, "epoch": 3, "config": {"TAG": "x"}}
+    converted = linvit.models.flatten_pvt_v2.checkpoint_filter_fn(checkpoint, model)
+    model.load_state_dict(converted, strict=True)
+    fused = model.stages[1].blocks[0].attn.qkv.weight
+    q, kv = reference.block2[0].attn.q.weight, reference.block2[0].attn.kv.weight
+    torch.testing.assert_close(fused, torch.cat([q, kv]))
+
+
 def test_filter_accepts_converted_state_dicts():
     model = _small()
     converted = linvit.models.flatten_pvt_v2.checkpoint_filter_fn(model.state_dict(), model)
