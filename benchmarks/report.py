@@ -151,7 +151,13 @@ def targets(index: dict) -> list[dict]:
     st = _find(train, model="swin_tiny_patch4_window7_224", checkpointing=False)
     lt_ips, st_ips = _ok(lt, "images_per_s"), _ok(st, "images_per_s")
     out.append(
-        _target("training images/s linvit_tiny / swin_tiny", lt_ips / st_ips if lt_ips and st_ips else None, 1.0, False)
+        _target(
+            "training images/s linvit_tiny / swin_tiny",
+            lt_ips / st_ips if lt_ips and st_ips else None,
+            1.0,
+            False,
+            _cpu_ratio(st, lt).replace("ratio", "ratio swin/linvit").lstrip("; "),
+        )
     )
     plain = _ok(lt, "activation_mib")
     ckpt = _ok(_find(train, model="linvit_tiny", checkpointing=True), "activation_mib")
@@ -253,12 +259,15 @@ def _training_table(index: dict) -> list[str]:
     if not rows:
         return []
     lines = ["## 3. Training step (forward + backward + AdamW)", ""]
-    lines.append("| model | size | batch | grad checkpointing | step ms | images/s | peak MiB | activation MiB |")
-    lines.append("|---|---:|---:|---|---:|---:|---:|---:|")
+    lines.append(
+        "| model | size | batch | grad checkpointing | step ms | CPU ms | images/s | peak MiB | activation MiB |"
+    )
+    lines.append("|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for row in rows:
         c = row["case"]
         lines.append(
             f"| {c['model']} | {c['size']} | {c['batch']} | {'yes' if c['checkpointing'] else 'no'} | {_cell(row)} "
+            f"| {_cell(row, 'cpu_ms')} "
             f"| {_cell(row, 'images_per_s')} | {_cell(row, 'peak_mib')} | {_cell(row, 'activation_mib')} |"
         )
     lines += ["", "Activation memory = peak RSS during a step above the resident size after the first step", ""]
