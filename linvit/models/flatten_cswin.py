@@ -265,24 +265,13 @@ class FlattenCSwinBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class ConvDownsample(nn.Module):
-    """3x3 stride-2 convolution + LayerNorm over channels; (B, C, H, W) -> (B, C', H/2, W/2) (CSWin's Merge_Block)."""
+class ConvNorm(nn.Module):
+    """Strided convolution + LayerNorm over channels: CSWin's stem (7x7/4, pad 2) and Merge_Block (3x3/2, pad 1)."""
 
-    def __init__(self, in_chans: int, out_chans: int, device=None, dtype=None):
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int, device=None, dtype=None):
         super().__init__()
-        self.conv = nn.Conv2d(in_chans, out_chans, 3, stride=2, padding=1, device=device, dtype=dtype)
-        self.norm = LayerNorm2d(out_chans, eps=1e-5, device=device, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.conv(x))
-
-
-class ConvStem(nn.Module):
-    """7x7 stride-4 convolution + LayerNorm over channels (CSWin's `stage1_conv_embed`)."""
-
-    def __init__(self, in_chans: int, out_chans: int, device=None, dtype=None):
-        super().__init__()
-        self.conv = nn.Conv2d(in_chans, out_chans, 7, stride=4, padding=2, device=device, dtype=dtype)
+        padding = (kernel_size - stride + 1) // 2  # 2 for the 7x7/4 stem, 1 for the 3x3/2 merges, as CSWin
+        self.conv = nn.Conv2d(in_chans, out_chans, kernel_size, stride, padding, device=device, dtype=dtype)
         self.norm = LayerNorm2d(out_chans, eps=1e-5, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -316,7 +305,7 @@ class FlattenCSwinStage(nn.Module):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.grad_checkpointing = False
-        self.downsample = ConvDownsample(in_chans, dim, **dd) if downsample else nn.Identity()
+        self.downsample = ConvNorm(in_chans, dim, 3, 2, **dd) if downsample else nn.Identity()
         self.blocks = nn.ModuleList(
             [
                 FlattenCSwinBlock(
@@ -394,7 +383,7 @@ class FlattenCSwin(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.attn_types = attn_types
 
-        self.stem = ConvStem(in_chans, embed_dim, **dd)
+        self.stem = ConvNorm(in_chans, embed_dim, 7, 4, **dd)
         grids = stage_grids(self.img_size, num_stages)
         rates = drop_path_rates(drop_path_rate, sum(depths))
         stages = []
