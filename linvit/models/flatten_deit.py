@@ -84,7 +84,7 @@ class FLattenDeiTAttention(FocusedLinearAttention):
         scale = _at_least_float32(self.scale) if self.scale is not None else None
         q = focused_feature_map(_at_least_float32(q), scale, self.focusing_factor)
         k = focused_feature_map(_at_least_float32(k), scale, self.focusing_factor)
-        out = _linear_attention(
+        out = linear_attention(
             q.reshape(B, N, heads, -1).transpose(1, 2),
             k.reshape(B, N, heads, -1).transpose(1, 2),
             v.reshape(B, N, heads, -1).transpose(1, 2),
@@ -100,13 +100,6 @@ class FLattenDeiTAttention(FocusedLinearAttention):
         local = self.dwc(images).reshape(B, heads, -1, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, -1, C)
         out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
         return self.proj_drop(self.proj(out))
-
-
-@torch.jit.ignore
-def _linear_attention(q, k, v):  # unannotated: TorchScript reads an ignored function's arguments as Tensors
-    # linvit.attention.linear_attention does not compile under TorchScript (an f-string of shapes in its error
-    # path); a scripted model calls it through Python.
-    return linear_attention(q, k, v)
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
