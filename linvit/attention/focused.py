@@ -294,6 +294,15 @@ class FocusedLinearAttention(nn.Module):
 
     def _attend(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid; returns projected (B', n, C)."""
+        out = self._mix(x, grid, key_mask)
+        # The projection runs after _mix has returned, so the qkv buffer is already free for its output to reuse
+        # (a smaller peak keeps the CPU allocator from handing memory back to the OS between calls).
+        if self.proj is not None:
+            out = self.proj(out)
+        return out
+
+    def _mix(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """The attention mixture of the tokens, before the output projection."""
         qkv = x
         owns_qkv = False
         if self.qkv is not None:
@@ -316,10 +325,7 @@ class FocusedLinearAttention(nn.Module):
                 residual = residual.unflatten(-1, heads)
             out = mapped_linear_core(q_mapped, k_mapped, v.unflatten(-1, heads), key_mask, self.eps, residual)
             out = out.flatten(2)
-        out = out.to(v.dtype)
-        if self.proj is not None:
-            out = self.proj(out)
-        return out
+        return out.to(v.dtype)
 
     def _add_positional_encoding(
         self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None, in_place: bool = False
