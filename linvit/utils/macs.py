@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+
+def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# PyTorch's counter knows the CUDA attention kernels but not the fused CPU one that
+# F.scaled_dot_product_attention dispatches to here; without this, softmax attention would count as zero.
+_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
 
 
 def count_params(model: nn.Module) -> int:
@@ -16,8 +25,8 @@ def count_params(model: nn.Module) -> int:
 def count_macs(model: nn.Module, input_size: tuple[int, ...] = (3, 224, 224), batch_size: int = 1) -> int:
     """Multiply-accumulates of one forward pass per image, as PyTorch's flop counter measures them.
 
-    Counts matrix products, convolutions and attention kernels (2 FLOPs per MAC); elementwise work is not counted,
-    as in the papers' tables.
+    Counts matrix products, convolutions and attention kernels, fused ones included (2 FLOPs per MAC); elementwise
+    work is not counted, as in the papers' tables.
     """
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -26,7 +35,7 @@ def count_macs(model: nn.Module, input_size: tuple[int, ...] = (3, 224, 224), ba
     was_training = model.training
     model.eval()
     try:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
             model(x)
     finally:
         model.train(was_training)
