@@ -199,6 +199,38 @@ def test_atomic_checkpointing_installs_the_io_plugin(tmp_path):
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
+class _ConstantMetric(TinyRegression):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/const", 1.0)
+
+
+@pytest.mark.parametrize(
+    "on_train_epoch_end",
+    [
+        pytest.param(False, id="after-validation"),  # configs/callbacks/model_checkpoint.yaml
+        pytest.param(None, id="lightning-default"),
+    ],
+)
+def test_last_ckpt_follows_every_epoch_even_without_a_new_best(tmp_path, on_train_epoch_end):
+    """last.ckpt is what a resumed run starts from: it must not stay at the epoch of the best metric."""
+    from linvit.train.callbacks import AtomicModelCheckpoint
+
+    checkpoints = AtomicModelCheckpoint(
+        dirpath=tmp_path,
+        filename="best",
+        monitor="val/const",
+        mode="max",
+        save_top_k=1,
+        save_last=True,
+        save_on_train_epoch_end=on_train_epoch_end,
+    )
+    trainer = _trainer(tmp_path, [checkpoints, AtomicCheckpointing()], max_steps=-1)
+    trainer.fit_loop.max_epochs = 3
+    trainer.fit(_ConstantMetric(), _loader(), _loader(1))
+    assert torch.load(tmp_path / "best.ckpt", weights_only=True)["global_step"] == 6  # the first epoch's
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 18
+
+
 def test_guard_rejects_unknown_actions():
     with pytest.raises(ValueError, match="skip.*stop"):
         NonFiniteLossGuard(action="ignore")
