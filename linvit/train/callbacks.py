@@ -115,11 +115,16 @@ class AtomicModelCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if (
-            self.save_last
-            and not self._should_skip_saving_checkpoint(trainer)
-            and not self._should_save_on_train_epoch_end(trainer)
-        ):
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
+
+    def _save_last_if_missed(self, trainer: Trainer) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:

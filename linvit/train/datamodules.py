@@ -191,6 +191,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         root: folder holding the IDX files (``*-ubyte.gz`` or unzipped, also under ``FashionMNIST/raw``).
         val_size: training images held out (stratified) for validation; the 10k test images stay untouched.
         augment: small random affine transform on training images.
+        hflip: probability of a horizontal flip of a training image (with ``augment``).
     """
 
     def __init__(
@@ -199,6 +200,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         val_size: int = 5000,
         split_seed: int = 0,
         augment: bool = True,
+        hflip: float = 0.5,
         num_classes: int = 10,
         mean: Sequence[float] = (0.286,),
         std: Sequence[float] = (0.353,),
@@ -210,6 +212,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         self.val_size = int(val_size)
         self.split_seed = int(split_seed)
         self.augment = bool(augment)
+        self.hflip = float(hflip)
         self.class_names = list(FASHION_MNIST_CLASSES)
 
     def prepare_data(self) -> None:
@@ -223,7 +226,8 @@ class FashionMNISTDataModule(ClassificationDataModule):
         self._check_num_classes(int(labels.max()) + 1, "Fashion-MNIST")
         train, val = stratified_split(labels, self.val_size / len(labels), self.split_seed)
         common = {"img_size": self.img_size, "in_chans": self.in_chans, "mean": self.mean, "std": self.std}
-        self.train_set = ArrayImageDataset(images[train], labels[train], augment=self.augment, **common)
+        augment = {"augment": self.augment, "hflip": self.hflip}
+        self.train_set = ArrayImageDataset(images[train], labels[train], **augment, **common)
         self.val_set = ArrayImageDataset(images[val], labels[val], **common)
         self.test_set = ArrayImageDataset(test_images, test_labels, **common)
 

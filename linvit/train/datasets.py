@@ -89,8 +89,8 @@ class ArrayImageDataset(Dataset):
     """Grey uint8 images (N, H, W) served as normalised float tensors (in_chans, img_size, img_size).
 
     The image is resized (bilinear, antialiased) to ``img_size``, optionally augmented with a small random
-    affine transform (no flips: digits and garments are not mirror-symmetric), replicated to ``in_chans`` channels
-    and normalised with ``mean``/``std`` (one value per channel, or one for all).
+    affine transform and horizontal flips with probability ``hflip`` (right for garments, wrong for digits),
+    replicated to ``in_chans`` channels and normalised with ``mean``/``std`` (one value per channel, or one for all).
     """
 
     def __init__(
@@ -102,6 +102,7 @@ class ArrayImageDataset(Dataset):
         mean: Sequence[float] = (0.5,),
         std: Sequence[float] = (0.5,),
         augment: bool = False,
+        hflip: float = 0.0,
     ):
         if images.ndim != 3 or images.dtype != np.uint8:
             raise ValueError(f"expected uint8 images of shape (N, H, W), got {images.dtype} {images.shape}.")
@@ -114,6 +115,7 @@ class ArrayImageDataset(Dataset):
         self.mean = torch.tensor(_per_channel(mean, in_chans, "mean")).view(-1, 1, 1)
         self.std = torch.tensor(_per_channel(std, in_chans, "std")).view(-1, 1, 1)
         self.augment = augment
+        self.hflip = float(hflip) if augment else 0.0
         self._affine = None
         if augment:
             from torchvision.transforms import v2
@@ -128,6 +130,8 @@ class ArrayImageDataset(Dataset):
         image = F.interpolate(image, size=(self.img_size, self.img_size), mode="bilinear", antialias=True)[0]
         if self._affine is not None:
             image = self._affine(image)
+        if self.hflip > 0 and torch.rand(()) < self.hflip:
+            image = image.flip(-1)
         image = image.expand(self.in_chans, -1, -1)
         return (image - self.mean) / self.std, self.labels[index]
 

@@ -105,6 +105,7 @@ def test_ema_updates_once_per_optimizer_step_with_accumulation():
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
 def test_mixup_cutmix_step_under_precision(precision):
+    pl.seed_everything(0)
     module = ImageClassifier(
         "test_resnet",
         num_classes=4,

@@ -29,7 +29,7 @@ def test_resumed_run_matches_uninterrupted(tmp_path, tiny_overrides):
         "trainer.max_epochs=2",
         "+trainer.limit_train_batches=4",
         "+trainer.limit_val_batches=2",
-        "model.model_kwargs.drop_path_rate=0.1",
+        "+model.model_kwargs.drop_path_rate=0.1",
         "model.mixup.mixup_alpha=0.4",
         "test=false",
         "export.enabled=false",

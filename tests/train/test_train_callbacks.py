@@ -1,0 +1,74 @@
+"""Callbacks: SIGTERM saves last.ckpt and stops; checkpoints are renamed into place; learning curves plot."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from linvit.train.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm
+from linvit.train.module import ImageClassifier
+
+
+def _loader(n=24):
+    images = torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(images, torch.arange(n) % 4), batch_size=4)
+
+
+class _KillAtStep(pl.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
+    module = ImageClassifier("test_resnet", num_classes=4)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        # order matters: the kill happens at the end of step 2, the save right after it
+        callbacks=[_KillAtStep(2), SaveOnSigterm(tmp_path)],
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException after the save
+        trainer.fit(module, train_dataloaders=_loader())
+    assert signal.getsignal(signal.SIGTERM) is not None
+    checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 2
+    assert not (tmp_path / "last.ckpt.tmp").exists()
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_atomic_checkpoint_and_learning_curves(tmp_path):
+    module = ImageClassifier("test_resnet", num_classes=4, ema={"enabled": True})
+    curves = LearningCurves(tmp_path / "curves.png")
+    checkpoint = AtomicModelCheckpoint(dirpath=tmp_path / "ckpt", filename="best", monitor="val/acc1", mode="max")
+    checkpoint.save_last = True
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint, curves],
+    )
+    trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=_loader(8))
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 12
+    assert [row["epoch"] for row in curves.history] == [0.0, 1.0]
+    assert {"val/acc1", "val_ema/acc1", "train/loss_epoch", "lr"} <= set(curves.history[-1])
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    restored = LearningCurves(tmp_path / "other.png")
+    restored.load_state_dict(curves.state_dict())
+    assert restored.history == curves.history
