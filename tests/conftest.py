@@ -1,5 +1,15 @@
 import os
+import sys
+from pathlib import Path
 
 # Benchmarks and tests share small multi-op kernels; a spinning OpenMP wait policy makes them crawl on shared cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Test file names repeat across folders (tests/attention/test_export.py, tests/commands/test_export.py), so pytest
+# imports them with --import-mode=importlib, which puts no test folder on sys.path. Helper modules that live beside
+# their tests (e.g. tests/train/train_helpers.py) stay importable by name through this.
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+    sys.path.insert(0, str(_folder))
+sys.path.insert(0, str(_TESTS))
