@@ -14,6 +14,9 @@ layout; the focusing norms run over the contiguous last dimension; and v is a ch
 which runs as one depthwise conv over all C channels with the shared (d, 1, k, k) kernel tiled over the heads
 (channel head·d + j uses kernel j: exactly the per-head conv of the reference). The reference's permute/contiguous
 copies between (B, N, C), (B, h, N, d) and (B·h, d, H, W), which cost as much as its matmuls on a CPU, are gone.
+With autograd off, the focusing map overwrites q and k inside the module's own qkv buffer and the attention output
+is accumulated into the DWC output, so inference allocates few large temporaries (on CPUs each new large block can
+page-fault again, which costs as much as the arithmetic).
 """
 
 import torch

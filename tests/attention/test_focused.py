@@ -61,7 +61,7 @@ def _tokens(batch, hw, channels, seed=1):
     return torch.randn(batch, hw[0] * hw[1], channels, generator=generator, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("heads", [1, 2, 8])  # 1-4 heads take the block-diagonal path, 8 the per-head one
+@pytest.mark.parametrize("heads", [1, 2, 8])
 @pytest.mark.parametrize("hw", [(6, 6), (5, 9), (7, 3)])
 def test_global_focused_equals_reference(heads, hw):
     module = _randomise(FocusedLinearAttention(32, heads, pos_size=hw, dtype=torch.float64))
