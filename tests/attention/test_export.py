@@ -125,3 +125,11 @@ def test_functional_cores_compile_under_torchscript():
     torch.testing.assert_close(
         torch.jit.script(resize_positional_table)(table, (4, 4), (5, 3)), resize_positional_table(table, (4, 4), (5, 3))
     )
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS)
+def test_every_module_builds_on_meta_with_dtype(name, kwargs):
+    module = create_attention(name, 16, 2, device="meta", dtype=torch.float64, **kwargs)
+    tensors = list(module.parameters()) + list(module.buffers())
+    assert all(t.device.type == "meta" for t in tensors)
+    assert all(t.dtype == torch.float64 for t in tensors if t.is_floating_point())
