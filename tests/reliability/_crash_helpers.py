@@ -38,3 +38,15 @@ class RecordFinalState(Callback):
         state = {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "weights": digest.hexdigest()}
         with open(self.path, "w") as file:
             json.dump(state, file)
+
+
+class SignalDuringValidation(Callback):
+    """Send ``signal_name`` to this process when the validation of epoch ``epoch`` starts its first batch."""
+
+    def __init__(self, epoch: int, signal_name: str = "SIGTERM"):
+        self.epoch = int(epoch)
+        self.signal = getattr(signal, signal_name)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch and batch_idx == 0:
+            os.kill(os.getpid(), self.signal)

@@ -139,6 +139,29 @@ def test_sigterm_requeued_run_matches_uninterrupted_run(log_dir, reference, pree
     assert _outcome(log_dir, preempted) == reference
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="SIGTERM during validation: Lightning raises SIGTERMException from the evaluation loop before any "
+    "on_train_batch_end, so SaveOnSigterm never saves and the epoch's training is lost. Fix in "
+    "linvit/train/callbacks.py SaveOnSigterm: also save in on_exception(SIGTERMException) (or on "
+    "on_validation_batch_end) when global_step is past the last checkpoint.",
+)
+def test_sigterm_during_validation_saves_the_finished_training_epoch(log_dir):
+    result = _train(
+        log_dir,
+        "preempted_in_validation",
+        "+callbacks.crash._target_=_crash_helpers.SignalDuringValidation",
+        "+callbacks.crash.epoch=1",
+        "trainer.limit_val_batches=3",  # the signal must come before the last validation batch
+        "data.eval_batch_size=16",
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = _run_dir(log_dir, "preempted_in_validation") / "checkpoints" / "last.ckpt"
+    assert _ckpt_step(last) == 2 * STEPS_PER_EPOCH, "the second epoch's training was lost"
+
+
 def test_last_checkpoint_holds_the_final_step(log_dir, reference):
     # Lightning >= 2.5 refreshes last.ckpt only with a new top-k file; AtomicModelCheckpoint saves it every validation
     last = _run_dir(log_dir, "reference") / "checkpoints" / "last.ckpt"
