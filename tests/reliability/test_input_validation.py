@@ -63,6 +63,16 @@ def test_check_image_batch_is_torchscript_and_fx_safe():
     assert torch.equal(extractor(x)["out"], x * 2)
 
 
+def test_check_image_batch_exports_and_compiles():
+    x = torch.randn(1, 3, 8, 8)
+    exported = torch.export.export(_Entry(), (x,))
+    assert torch.equal(exported.module()(x), x * 2)
+    compiled = torch.compile(_Entry(), backend="eager")
+    assert torch.equal(compiled(x), x * 2)
+    with pytest.raises(ValueError, match="in_chans=1"):
+        compiled(torch.randn(1, 1, 8, 8))
+
+
 # -- every family -------------------------------------------------------------------------------------------------
 _ADOPT = (
     "call `x = check_image_batch(x, self.in_chans, min_size=..., model_name=type(self).__name__)` "
