@@ -21,11 +21,20 @@ def at_least_float32(x: Tensor) -> Tensor:
     return x
 
 
+def autocast_device_type(x: Tensor) -> str:
+    """The device type whose autocast state governs `x`; "cpu" for devices that autocast does not know (meta).
+
+    `torch.autocast(device_type="meta")` raises, and timm builds and checks models on the meta device.
+    """
+    device_type = x.device.type
+    return device_type if torch.amp.is_autocast_available(device_type) else "cpu"
+
+
 def full_precision_bmm(a: Tensor, b: Tensor) -> Tensor:
     """Batched `a @ b` in at least float32 with autocast off (a: (..., n, k), b: (..., k, m))."""
     a = at_least_float32(a)
     b = at_least_float32(b)
     if torch.jit.is_scripting():
         return torch.matmul(a, b)
-    with torch.autocast(device_type=a.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(a), enabled=False):
         return torch.matmul(a, b)

@@ -24,7 +24,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._numerics import at_least_float32
+from linvit.attention._numerics import at_least_float32, autocast_device_type
 from linvit.attention._windows import (
     check_token_grid,
     clamp_window,
@@ -116,7 +116,7 @@ def focused_linear_core(
     """
     if torch.jit.is_scripting():
         return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(q), enabled=False):
         return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
 
 
@@ -127,7 +127,7 @@ def mapped_linear_core(
     """Linear attention (+ residual) on mapped (B, N, h, m) q, k and (B, N, h, e) v, float32 with autocast off."""
     if torch.jit.is_scripting():
         return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(q), enabled=False):
         return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
 
 
