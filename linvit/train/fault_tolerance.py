@@ -147,10 +147,16 @@ class AtomicCheckpointing(Callback):
 
 
 def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
-    for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return name
-    return None
+    """The name of the first floating-point tensor holding NaN/Inf, or None (one device sync in all)."""
+    named = [(n, t) for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    if not named:
+        return None
+    # amax propagates NaN and keeps Inf, so one stacked check finds both without a sync per tensor
+    peaks = torch.stack([t.detach().abs().amax().float().to(named[0][1].device) for _, t in named])
+    finite = torch.isfinite(peaks)
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
 
 
 class NonFiniteLossGuard(Callback):
@@ -160,7 +166,8 @@ class NonFiniteLossGuard(Callback):
         action: ``"skip"`` drops the optimiser step of a batch whose loss is not finite (its gradients are
             discarded; a warning names the step) and stops after ``max_consecutive_skips`` skipped steps in a row;
             ``"stop"`` stops at the first non-finite loss. Stopping raises :class:`NonFiniteLossError` before the
-            weights change, so no checkpoint is written and the last good one stays on disk.
+            weights change, so no checkpoint is written and the last good one stays on disk. Under DDP the
+            processes agree on every decision (one boolean all-reduce per step).
         max_consecutive_skips: skipped steps in a row before the run is declared diverged and stopped.
         check_gradients: also skip when the loss is finite but a gradient is not. Skipped automatically under a
             gradient scaler (fp16 mixed precision), which already skips such steps and lowers its scale.
@@ -204,12 +211,9 @@ class NonFiniteLossGuard(Callback):
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         value = float(loss.detach())
-        if math.isfinite(value):
-            return
-        if self.action == "stop":
-            self._stop(trainer, f"non-finite training loss ({value})")
-        # remember it: the step is dropped in on_before_optimizer_step (after accumulation, if any)
-        self._bad_loss = value
+        if not math.isfinite(value):
+            # decided in on_before_optimizer_step, after accumulation and together with the other processes
+            self._bad_loss = value
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         reason = None
@@ -219,13 +223,16 @@ class NonFiniteLossGuard(Callback):
             grads = {name: p.grad for name, p in pl_module.named_parameters() if p.grad is not None}
             bad = _first_non_finite(grads)
             if bad is not None:
-                if self.action == "stop":
-                    self._stop(trainer, f"non-finite gradient of {bad}")
                 reason = f"non-finite gradient of {bad}"
         self._bad_loss = None
+        # every process must take the same decision (a lone skip or stop would desynchronise or hang DDP)
+        if trainer.strategy.reduce_boolean_decision(reason is not None, all=False) and reason is None:
+            reason = "non-finite loss or gradient on another process"
         if reason is None:
             self.consecutive_skips = 0
             return
+        if self.action == "stop":
+            self._stop(trainer, reason)
         self.skipped_steps += 1
         self.consecutive_skips += 1
         if self.consecutive_skips >= self.max_consecutive_skips:

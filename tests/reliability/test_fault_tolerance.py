@@ -234,3 +234,56 @@ def test_last_ckpt_follows_every_epoch_even_without_a_new_best(tmp_path, on_trai
 def test_guard_rejects_unknown_actions():
     with pytest.raises(ValueError, match="skip.*stop"):
         NonFiniteLossGuard(action="ignore")
+
+
+_DDP_CHILD = """
+import json, sys, torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+from linvit.train.fault_tolerance import NonFiniteLossGuard
+
+
+class Model(LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        if self.global_rank == 0 and self.global_step == 2:  # NaN on one process only
+            loss = loss * float("nan")
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.1)
+
+
+x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+guard, model = NonFiniteLossGuard(action="skip", check_gradients=False), Model()
+trainer = Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=4, logger=False, callbacks=[guard],
+                  enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+trainer.fit(model, loader)
+with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as file:
+    json.dump({"skipped": guard.skipped_steps, "weight": model.layer.weight.flatten().tolist()}, file)
+"""
+
+
+@pytest.mark.slow
+def test_under_ddp_every_process_skips_the_same_step(tmp_path):
+    """A NaN on one process only: both skip (gradients are not checked here, only the loss flag travels)."""
+    import json
+
+    script = tmp_path / "ddp_child.py"
+    script.write_text(_DDP_CHILD)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
+    assert ranks[0]["weight"] == ranks[1]["weight"], "the processes' weights diverged"
+    assert all(map(torch.isfinite, torch.tensor(ranks[0]["weight"])))
