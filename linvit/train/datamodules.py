@@ -191,7 +191,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         root: folder holding the IDX files (``*-ubyte.gz`` or unzipped, also under ``FashionMNIST/raw``).
         val_size: training images held out (stratified) for validation; the 10k test images stay untouched.
         augment: small random affine transform on training images.
-        hflip: probability of a horizontal flip of a training image (with ``augment``).
+        hflip: probability of a horizontal flip of a training image.
     """
 
     def __init__(

@@ -89,7 +89,8 @@ class ArrayImageDataset(Dataset):
     """Grey uint8 images (N, H, W) served as normalised float tensors (in_chans, img_size, img_size).
 
     The image is resized (bilinear, antialiased) to ``img_size``, optionally augmented with a small random
-    affine transform and horizontal flips with probability ``hflip`` (right for garments, wrong for digits),
+    affine transform (``augment``) and horizontal flips with probability ``hflip`` (right for garments, wrong for
+    digits),
     replicated to ``in_chans`` channels and normalised with ``mean``/``std`` (one value per channel, or one for all).
     """
 
@@ -115,7 +116,7 @@ class ArrayImageDataset(Dataset):
         self.mean = torch.tensor(_per_channel(mean, in_chans, "mean")).view(-1, 1, 1)
         self.std = torch.tensor(_per_channel(std, in_chans, "std")).view(-1, 1, 1)
         self.augment = augment
-        self.hflip = float(hflip) if augment else 0.0
+        self.hflip = float(hflip)
         self._affine = None
         if augment:
             from torchvision.transforms import v2
