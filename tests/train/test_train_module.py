@@ -107,8 +107,9 @@ def test_ema_updates_once_per_optimizer_step_with_accumulation():
 def test_mixup_cutmix_step_under_precision(precision):
     pl.seed_everything(0)
     module = ImageClassifier(
-        "test_resnet",
+        "test_vit",
         num_classes=4,
+        model_kwargs={"img_size": 16, "patch_size": 4},
         label_smoothing=0.1,
         mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0},
         scheduler={"warmup_epochs": 0.5},
