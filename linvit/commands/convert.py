@@ -50,18 +50,14 @@ def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any],
     import timm
     import torch
 
+    from linvit.models._checkpoint import describe_mismatch, state_dict_mismatch
+
     model = timm.create_model(name, pretrained=False, device="meta")
     filter_fn = _family_filter(model)
     filtered = filter_fn(dict(state_dict), model) if filter_fn is not None else dict(state_dict)
-    target = model.state_dict()
-    missing = sorted(set(target) - set(filtered))
-    unexpected = sorted(set(filtered) - set(target))
-    mismatched = [k for k in set(target) & set(filtered) if tuple(filtered[k].shape) != tuple(target[k].shape)]
+    missing, unexpected, mismatched = state_dict_mismatch(filtered, model.state_dict())
     if missing or unexpected or mismatched:
-        raise ValueError(
-            f"weights do not fit {name}: {len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected "
-            f"(e.g. {unexpected[:3]}), {len(mismatched)} with other shapes (e.g. {sorted(mismatched)[:3]})"
-        )
+        raise ValueError(f"weights do not fit {name}: {describe_mismatch(missing, unexpected, mismatched)}")
     source_shapes = {tuple(v.shape) for v in state_dict.values() if isinstance(v, torch.Tensor)}
     reshaped = sum(1 for v in filtered.values() if tuple(v.shape) not in source_shapes)
     return filtered, reshaped

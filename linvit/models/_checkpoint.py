@@ -21,6 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import pickletools
+import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,8 +37,10 @@ __all__ = [
     "UntrustedCheckpointError",
     "extract_model_state_dict",
     "load_checkpoint_file",
+    "describe_mismatch",
     "load_pretrained_file",
     "route_pretrained_to_model",
+    "state_dict_mismatch",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -109,6 +114,9 @@ def _unsafe_globals_in(path: Path) -> list[str]:
     return [name for name in names if name not in allowed and "numpy" not in name]
 
 
+# Globals a plain torch state dict refers to (tensor rebuilding, OrderedDict): named without alarm.
+_SAFE_GLOBAL_PREFIXES = ("torch.", "collections.OrderedDict", "builtins.", "_codecs.encode", "numpy.")
+
 _REFUSAL_MARKERS = (
     "unsupported global",
     "trying to call reduce",
@@ -118,12 +126,86 @@ _REFUSAL_MARKERS = (
 )
 
 
+def _pickle_bytes(path: Path) -> bytes | None:
+    """The pickle stream of a torch checkpoint (``*/data.pkl`` inside the zip, or the legacy file itself)."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = [name for name in archive.namelist() if name.endswith("data.pkl")]
+                return archive.read(names[0]) if names else None
+        return path.read_bytes()
+    except (OSError, zipfile.BadZipFile, KeyError):
+        return None
+
+
+def _scan_pickle(data: bytes) -> tuple[int | None, list[str]]:
+    """Protocol and ``module.name`` globals of a pickle stream, parsed with pickletools (nothing is executed).
+
+    ``STACK_GLOBAL`` (protocol 4+) takes its names from the two strings pushed before it (directly or via the memo).
+    """
+    protocol: int | None = None
+    found: list[str] = []
+    strings: list[str] = []
+    memo: dict[int, Any] = {}
+    last: Any = None
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            name = opcode.name
+            if name == "PROTO":
+                protocol = int(arg)
+            elif name == "GLOBAL":
+                found.append(str(arg).replace(" ", "."))
+            elif name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+            elif name == "STOP":
+                break
+            if isinstance(arg, str) and "UNICODE" in name:
+                strings.append(arg)
+                last = arg
+            elif name == "MEMOIZE":
+                memo[len(memo)] = last
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(arg)] = last
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                last = memo.get(int(arg))
+                if isinstance(last, str):
+                    strings.append(last)
+            else:
+                last = None
+    except Exception:  # a truncated stream: report what was read
+        pass
+    return protocol, list(dict.fromkeys(found))
+
+
 def _refusal_reason(error: BaseException) -> str | None:
     """The line of a safe-loader error that says which object it refused, or None when the file is just corrupt."""
     for line in str(error).splitlines():
         if any(marker in line.lower() for marker in _REFUSAL_MARKERS):
             return line.strip()
     return None
+
+
+def _unsupported_protocol_error(path: Path, error: BaseException) -> UntrustedCheckpointError | None:
+    """PyTorch's safe unpickler reads pickle protocols 2-3 only: it stops at the first protocol-4 opcode (FRAME,
+    STACK_GLOBAL, ...) with "Unsupported operand". Such a file cannot be checked safely, whatever it holds."""
+    if "unsupported operand" not in str(error).lower():
+        return None
+    data = _pickle_bytes(path)
+    protocol, names = _scan_pickle(data) if data is not None else (None, [])
+    unsafe = [name for name in names if not name.startswith(_SAFE_GLOBAL_PREFIXES)]
+    if unsafe:
+        named = f"It names Python objects the safe loader would refuse: {', '.join(unsafe[:8])}."
+    else:
+        named = "It names no objects beyond tensors and plain containers, but that cannot be verified by loading."
+    saved_with = f"pickle protocol {protocol}" if protocol is not None else "a newer pickle protocol"
+    opcode = next((line.strip() for line in str(error).splitlines() if "nsupported operand" in line), "")
+    return UntrustedCheckpointError(
+        f"Refusing to load '{path}': it was saved with {saved_with}, which PyTorch's safe loader cannot read (it "
+        f"supports protocols 2-3; it stopped at: {opcode}). {named} Nothing from it was executed. If you trust "
+        "this file and its source, load it with trusted=True (runs arbitrary code from the file), or re-save it "
+        "once in a trusted environment with "
+        "`torch.save(state_dict, path)` (default protocol) or `linvit convert SRC DST.safetensors --trusted`."
+    )
 
 
 def load_checkpoint_file(
@@ -159,9 +241,14 @@ def load_checkpoint_file(
         if trusted:
             checkpoint = torch.load(path, map_location=map_location, weights_only=False)
         else:
-            with torch.serialization.safe_globals(_safe_globals()):
+            with torch.serialization.safe_globals(_safe_globals()), warnings.catch_warnings():
+                # protocol 4-5 files: torch warns, then fails; the refusal below says it better
+                warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
                 checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
+        unsupported = None if trusted else _unsupported_protocol_error(path, error)
+        if unsupported is not None:
+            raise unsupported from error
         reason = None if trusted else _refusal_reason(error)
         if reason is not None:
             names = _unsafe_globals_in(path)
@@ -267,6 +354,72 @@ def _adapt_classifier_and_stem(
     return allowed_missing
 
 
+def state_dict_mismatch(
+    state_dict: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]
+) -> tuple[list[str], list[str], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """Missing keys, unexpected keys and ``(key, file shape, model shape)`` mismatches of a state dict vs a model's."""
+    missing = sorted(set(target) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(target))
+    mismatched = [
+        (key, tuple(state_dict[key].shape), tuple(target[key].shape))
+        for key in target
+        if key in state_dict and tuple(state_dict[key].shape) != tuple(target[key].shape)
+    ]
+    return missing, unexpected, mismatched
+
+
+def describe_mismatch(
+    missing: list[str],
+    unexpected: list[str],
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
+    limit: int = 3,
+) -> str:
+    """A short summary: counts and the first ``limit`` names of each kind (never the whole list)."""
+
+    def first(items: list[str]) -> str:
+        return "[" + ", ".join(repr(item) for item in items[:limit]) + (", ...]" if len(items) > limit else "]")
+
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing keys {first(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected keys {first(unexpected)}")
+    if mismatched:
+        shown = "; ".join(f"{key}: file {file} vs model {ours}" for key, file, ours in mismatched[:limit])
+        parts.append(f"{len(mismatched)} shape mismatches ({shown}{'; ...' if len(mismatched) > limit else ''})")
+    return ", ".join(parts)
+
+
+def _variants_that_fit(
+    model: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    filter_fn: Callable[[dict[str, torch.Tensor], nn.Module], dict[str, torch.Tensor]] | None,
+) -> list[str]:
+    """Registered models of ``model``'s family (built on the meta device) that ``state_dict`` fits exactly."""
+    import timm
+    from timm.models._registry import _model_to_module
+
+    architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    family = _model_to_module.get(architecture or "")
+    if family is None:
+        return []
+    fits = []
+    for name in sorted(n for n, module in _model_to_module.items() if module == family):
+        try:
+            candidate = timm.create_model(name, pretrained=False, device="meta")
+            mapped = filter_fn(dict(state_dict), candidate) if filter_fn is not None else state_dict
+            missing, unexpected, mismatched = state_dict_mismatch(mapped, candidate.state_dict())
+        except Exception:  # a variant that cannot be built or mapped is simply not a suggestion
+            continue
+        classifier = candidate.pretrained_cfg.get("classifier") or ()
+        heads = tuple(f"{head}." for head in ((classifier,) if isinstance(classifier, str) else classifier))
+        mismatched = [item for item in mismatched if not item[0].startswith(heads)]  # class counts may differ
+        missing = [key for key in missing if not key.startswith(heads)]
+        if not unexpected and not mismatched and not missing:
+            fits.append(name)
+    return fits
+
+
 def load_pretrained_file(
     model: nn.Module,
     path: str | os.PathLike,
@@ -280,23 +433,39 @@ def load_pretrained_file(
 
     Reads the file safely (:func:`load_checkpoint_file`), unwraps the weights (:func:`extract_model_state_dict`),
     applies the family's ``filter_fn(state_dict, model)`` (key mapping, table resizing), adapts the stem to the
-    model's input channels and drops a classifier of another size, then loads strictly.
+    model's input channels and drops a classifier of another size, then compares names and shapes with the model
+    before touching it: any difference raises a short :class:`CheckpointError` (counts, first few names, the
+    registered variant the file fits) and leaves the model as it was. ``strict=False`` loads what matches.
     """
     checkpoint = load_checkpoint_file(path, trusted=trusted, map_location="cpu")
-    state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
-    if filter_fn is not None:
-        state_dict = filter_fn(state_dict, model)
+    raw_state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+    state_dict = filter_fn(dict(raw_state_dict), model) if filter_fn is not None else raw_state_dict
     pretrained_cfg = getattr(model, "pretrained_cfg", None) or {}
     allowed_missing = _adapt_classifier_and_stem(state_dict, model, pretrained_cfg)
-    incompatible = model.load_state_dict(state_dict, strict=False)
-    missing = [k for k in incompatible.missing_keys if k not in allowed_missing]
-    unexpected = list(incompatible.unexpected_keys)
-    if strict and (missing or unexpected):
+    missing, unexpected, mismatched = state_dict_mismatch(state_dict, model.state_dict())
+    missing = [key for key in missing if key not in allowed_missing]
+    if strict and (missing or unexpected or mismatched):
+        architecture = pretrained_cfg.get("architecture")
+        target = f"{architecture} ({type(model).__name__})" if architecture else type(model).__name__
+        fits = _variants_that_fit(model, raw_state_dict, filter_fn)
+        if fits:
+            hint = (
+                f"The file fits {', '.join(fits)}: create that model instead, e.g. timm.create_model('{fits[0]}', "
+                "pretrained=True, pretrained_cfg_overlay=dict(file=...))."
+            )
+        else:
+            hint = (
+                "Create the variant the file was saved from (same widths and depths), or run "
+                f"`linvit convert {path} OUT.safetensors`, which names the registered model that fits it."
+            )
         raise CheckpointError(
-            f"Checkpoint '{path}' does not match {type(model).__name__}: missing keys {missing[:10]}"
-            f"{' ...' if len(missing) > 10 else ''}, unexpected keys {unexpected[:10]}"
-            f"{' ...' if len(unexpected) > 10 else ''}. Check that the model name matches the checkpoint's variant."
+            f"Checkpoint '{path}' does not match {target}: {describe_mismatch(missing, unexpected, mismatched)}. {hint}"
         )
+    if mismatched:  # strict=False: load what fits, leave the rest at its initialisation
+        _logger.warning("Skipping %s", describe_mismatch([], [], mismatched))
+        for key, _, _ in mismatched:
+            del state_dict[key]
+    model.load_state_dict(state_dict, strict=False)
     if allowed_missing:
         _logger.info("Classifier left at its initialisation (class count differs from the checkpoint).")
 

@@ -47,6 +47,7 @@ from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
 from linvit.models._checkpoint import load_pretrained_file
+from linvit.models._validation import check_image_batch
 from linvit.models.flatten_pvt_v2 import (
     _unwrap_checkpoint,
     drop_path_rates,
@@ -56,6 +57,9 @@ from linvit.models.flatten_pvt_v2 import (
 )
 
 __all__ = ["FlattenCSwin", "checkpoint_filter_fn"]
+
+# The 7x7/4 stem (padding 2) gives an empty map below 3x3; from 3x3 up every stage has at least one token.
+MIN_INPUT_SIZE = (3, 3)
 
 
 def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -378,6 +382,7 @@ class FlattenCSwin(nn.Module):
             raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
         self.num_classes = num_classes
         self.in_chans = in_chans
+        self.min_input_size = MIN_INPUT_SIZE
         self.global_pool = global_pool
         self.output_fmt = "NCHW"
         self.img_size = to_2tuple(img_size)
@@ -488,6 +493,7 @@ class FlattenCSwin(nn.Module):
         """Forward and collect stage outputs (NCHW); `norm` applies the final LayerNorm to the last stage's tap."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
+        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FlattenCSwin")
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         last_index = len(self.stages) - 1
@@ -526,6 +532,7 @@ class FlattenCSwin(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FlattenCSwin")
         return self.norm(self.stages(self.stem(x)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -23,7 +23,15 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, PatchEmbed, register_notrace_module, resample_abs_pos_embed, trunc_normal_
+from timm.layers import (
+    DropPath,
+    Mlp,
+    PatchEmbed,
+    register_notrace_module,
+    resample_abs_pos_embed,
+    to_2tuple,
+    trunc_normal_,
+)
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
@@ -31,6 +39,7 @@ from torch import nn
 
 from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
 from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file, route_pretrained_to_model
+from linvit.models._validation import check_image_batch
 
 __all__ = ["FLattenDeiT", "FLattenDeiTAttention", "FLattenDeiTBlock", "checkpoint_filter_fn"]
 
@@ -211,6 +220,9 @@ class FLattenDeiT(nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
         self.dynamic_img_size = dynamic_img_size
+        # padded inputs may be any size; otherwise at least one patch (strict sizes: PatchEmbed checks them)
+        patch = to_2tuple(patch_size)
+        self.min_input_size: tuple[int, int] | None = None if dynamic_img_pad else (int(patch[0]), int(patch[1]))
         self.output_fmt = "NLC"  # forward_features returns tokens, like timm's ViT
         self.grad_checkpointing = False
 
@@ -360,6 +372,7 @@ class FLattenDeiT(nn.Module):
         return self.pos_drop(x), hw
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FLattenDeiT")
         x, hw = self._embed(x)
         for block in self.blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
@@ -398,6 +411,7 @@ class FLattenDeiT(nn.Module):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         intermediates: list[torch.Tensor] = []
         prefixes: list[torch.Tensor] = []
+        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FLattenDeiT")
         B = x.shape[0]
         x, hw = self._embed(x)
         blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[: max_index + 1]

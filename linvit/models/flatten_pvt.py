@@ -234,6 +234,7 @@ class FlattenPvt(FlattenPvtV2):
             raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
         self.num_classes = num_classes
         self.in_chans = in_chans
+        self.model_name = type(self).__name__  # named in input errors (see FlattenPvtV2.forward_features)
         self.global_pool = global_pool
         self.output_fmt = "NCHW"
         self.img_size = to_2tuple(img_size)

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention, resize_positional_table
 from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
+from linvit.models._validation import check_image_batch
 
 __all__ = ["FlattenPvtV2", "checkpoint_filter_fn"]
 
@@ -253,6 +254,7 @@ class FlattenPvtV2(nn.Module):
             raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
         self.num_classes = num_classes
         self.in_chans = in_chans
+        self.model_name = type(self).__name__  # named in input errors (FlattenPvt for the v1 subclass)
         self.global_pool = global_pool
         self.output_fmt = "NCHW"
         self.img_size = to_2tuple(img_size)
@@ -366,6 +368,7 @@ class FlattenPvtV2(nn.Module):
         """Forward and collect stage outputs (NCHW). Every stage ends in its own LayerNorm; `norm` changes nothing."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
+        x = check_image_batch(x, self.in_chans, model_name=self.model_name)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         if torch.jit.is_scripting() or not stop_early:
@@ -399,6 +402,7 @@ class FlattenPvtV2(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = check_image_batch(x, self.in_chans, model_name=self.model_name)  # the convolutions take any size
         return self.stages(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

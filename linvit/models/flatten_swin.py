@@ -36,6 +36,7 @@ from torch import nn
 
 from linvit.attention import FocusedLinearAttention, WindowAttention
 from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file, route_pretrained_to_model
+from linvit.models._validation import check_image_batch
 
 __all__ = ["FLattenSwinTransformer", "FLattenSwinBlock", "FLattenSwinStage", "PatchMerging", "checkpoint_filter_fn"]
 
@@ -451,6 +452,7 @@ class FLattenSwinTransformer(nn.Module):
         return self.patch_embed(x).permute(0, 3, 1, 2)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = check_image_batch(x, self.in_chans, model_name="FLattenSwinTransformer")  # pads any size
         x = self._stem(x)
         x = self.layers(x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -483,6 +485,7 @@ class FLattenSwinTransformer(nn.Module):
         """
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}.")
+        x = check_image_batch(x, self.in_chans, model_name="FLattenSwinTransformer")
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.layers), indices)
         num_stages = len(self.layers)

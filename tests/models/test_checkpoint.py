@@ -176,3 +176,61 @@ def test_load_pretrained_file_applies_filter_and_drops_other_classifier(tmp_path
     torch.save({"model": {"other.weight": torch.zeros(1)}}, path)
     with pytest.raises(CheckpointError, match="missing keys"):
         load_pretrained_file(target, path)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# another variant's weights: a short summary before anything is loaded
+# ------------------------------------------------------------------------------------------------------------------
+def test_shape_mismatch_is_summarised_and_leaves_the_model_untouched(tmp_path):
+    import timm
+
+    import linvit.models  # noqa: F401  (registers the models)
+
+    source = timm.create_model("flatten_pvt_v2_b0", num_classes=7)  # the full registered variant
+    path = tmp_path / "b0.pth"
+    torch.save(source.state_dict(), path)
+    model = timm.create_model("flatten_pvt_v2_b1", num_classes=3, depths=(1, 1, 1, 1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        load_pretrained_file(model, path)
+    message = str(info.value)
+    assert "flatten_pvt_v2_b1 (FlattenPvtV2)" in message
+    assert "shape mismatches (stages.0.patch_embed.proj.weight: file (32, 3, 7, 7) vs model (64, 3, 7, 7)" in message
+    assert "unexpected keys ['stages.0.blocks.1." in message  # b0 has two blocks per stage, this model one
+    assert "The file fits flatten_pvt_v2_b0" in message  # the registered variant it was saved from
+    assert len(message) < 1000
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "a failed load changed weights"
+
+
+def test_non_strict_load_skips_what_does_not_fit(tmp_path):
+    source = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 10))
+    path = tmp_path / "w.pth"
+    torch.save(source.state_dict(), path)
+    target = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 10), torch.nn.Linear(10, 2))
+    target[1] = torch.nn.Linear(8, 5)
+    before = target[1].weight.clone()
+    load_pretrained_file(target, path, strict=False)
+    torch.testing.assert_close(target[0].weight, source[0].weight)
+    assert torch.equal(target[1].weight, before)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# pickle protocols 4-5: the safe loader cannot read them, so they are refused as untrusted (naming the opt-in)
+# ------------------------------------------------------------------------------------------------------------------
+def test_protocol_5_file_is_refused_with_the_opt_in_and_loads_when_trusted(tmp_path):
+    state = {"weight": torch.arange(4.0)}
+    path = tmp_path / "p5.pth"
+    torch.save(state, path, pickle_protocol=5)
+    with pytest.raises(UntrustedCheckpointError) as info:
+        load_checkpoint_file(path)
+    message = str(info.value)
+    assert "pickle protocol 5" in message and "trusted=True" in message and "Nothing from it was executed" in message
+    assert "names no objects beyond tensors" in message
+    torch.testing.assert_close(load_checkpoint_file(path, trusted=True)["weight"], state["weight"])
+
+
+def test_protocol_4_file_with_a_foreign_object_names_it(tmp_path):
+    path = tmp_path / "p4.pth"
+    torch.save({"weight": torch.zeros(2), "cfg": types.SimpleNamespace(lr=0.1)}, path, pickle_protocol=4)
+    with pytest.raises(UntrustedCheckpointError, match=r"(?s)protocol 4.*types\.SimpleNamespace.*trusted=True"):
+        load_checkpoint_file(path)

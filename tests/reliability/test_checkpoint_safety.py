@@ -44,13 +44,6 @@ def test_another_models_checkpoint_lists_missing_and_unexpected_keys(tmp_path, s
         load_pretrained_file(small_model, tmp_path / "deit.pth")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a same-family checkpoint of another size reaches model.load_state_dict, whose RuntimeError lists every "
-    "mismatched tensor. Fix in linvit/models/_checkpoint.py load_pretrained_file: compare shapes before loading and "
-    "raise CheckpointError summarising the count and the first few shape mismatches (name: file shape vs model "
-    "shape) with the hint to pick the matching variant.",
-)
 def test_a_checkpoint_of_another_size_summarises_shape_mismatches(tmp_path, small_model):
     bigger = timm.create_model("flatten_pvt_v2_b1", num_classes=3, depths=(1, 1, 1, 1))
     torch.save(bigger.state_dict(), tmp_path / "b1.pth")
@@ -75,12 +68,6 @@ def test_a_pickle_that_runs_code_is_refused_and_names_the_opt_in(tmp_path, small
     assert not marker.exists(), "loading executed code from the checkpoint"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="with pickle protocol 5 the safe loader stops at an opcode it does not support and the error says "
-    "'truncated or corrupt?' without naming trusted=True (no code runs). Fix in linvit/models/_checkpoint.py "
-    "load_checkpoint_file: treat 'Unsupported operand' / WeightsUnpickler errors as UntrustedCheckpointError.",
-)
 def test_a_protocol_5_pickle_is_refused_and_names_the_opt_in(tmp_path, small_model):
     marker = tmp_path / "code_ran"
     path = _write_payload_checkpoint(tmp_path / "evil5.pth", marker, protocol=pickle.HIGHEST_PROTOCOL)

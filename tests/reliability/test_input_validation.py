@@ -74,18 +74,8 @@ def test_check_image_batch_exports_and_compiles():
 
 
 # -- every family -------------------------------------------------------------------------------------------------
-_ADOPT = (
-    "call `x = check_image_batch(x, self.in_chans, min_size=..., model_name=type(self).__name__)` "
-    "(linvit.models._validation) first in forward_features and forward_intermediates"
-)
 # Families whose entry does not check its input yet; strict=False so that adopting the check turns them green.
-NOT_CHECKING_YET = {
-    "flatten_cswin": f"linvit/models/flatten_cswin.py: {_ADOPT}; min_size=7 (or pad): 1x1/2x2 fail in the stem",
-    "flatten_deit": f"linvit/models/flatten_deit.py: {_ADOPT}",
-    "flatten_pvt": f"linvit/models/flatten_pvt.py: {_ADOPT}",
-    "flatten_pvt_v2": f"linvit/models/flatten_pvt_v2.py: {_ADOPT}",
-    "flatten_swin": f"linvit/models/flatten_swin.py: {_ADOPT}",
-}
+NOT_CHECKING_YET: dict[str, str] = {}  # every family checks its input now
 
 
 def _params(names: list[str]) -> list:
