@@ -86,7 +86,7 @@ class FLattenDeiTAttention(FocusedLinearAttention):
         heads = self.num_heads
         q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
         table = self.positional_encoding
-        assert table is not None and self.pos_size is not None and self.dwc is not None
+        assert table is not None and self.pos_size is not None
         patch_keys = k[:, prefix:] + resize_positional_table(table, self.pos_size, hw).to(k.dtype)
         k = torch.cat([k[:, :prefix], patch_keys], dim=1)
         # Kernel maps in float32 under autocast (the cubes overflow fp16); linear_attention keeps S, z in float32.
@@ -99,15 +99,17 @@ class FLattenDeiTAttention(FocusedLinearAttention):
             v.reshape(B, N, heads, -1).transpose(1, 2),
         )
         out = out.transpose(1, 2).reshape(B, N, C).to(v.dtype)
-        # DWC on the patch tokens only: each head's values as a (d, H, W) image through the one shared conv.
-        images = (
-            v[:, prefix:]
-            .reshape(B, hw[0], hw[1], heads, -1)
-            .permute(0, 3, 4, 1, 2)
-            .reshape(B * heads, -1, hw[0], hw[1])
-        )
-        local = self.dwc(images).reshape(B, heads, -1, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, -1, C)
-        out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
+        dwc = self.dwc
+        if dwc is not None:  # dwc_kernel_size=0: the paper's ablation without the DWC
+            # DWC on the patch tokens only: each head's values as a (d, H, W) image through the one shared conv.
+            images = (
+                v[:, prefix:]
+                .reshape(B, hw[0], hw[1], heads, -1)
+                .permute(0, 3, 4, 1, 2)
+                .reshape(B * heads, -1, hw[0], hw[1])
+            )
+            local = dwc(images).reshape(B, heads, -1, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, -1, C)
+            out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
         return self.proj_drop(self.proj(out))
 
 
@@ -503,7 +505,14 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
 
 default_cfgs = generate_default_cfgs(
     {
-        "flatten_deit_tiny_patch16_224.untrained": _cfg(notes=("paper: 6.1M params, 1.1G MACs, 74.1% top-1",)),
+        "flatten_deit_tiny_patch16_224.untrained": _cfg(
+            notes=(
+                "paper: 6.1M params, 1.1G MACs, 74.1% top-1",
+                # the paper prints one decimal: 1.145G rounds to its 1.1G (and DeiT-T's 1.254G to 1.3G)
+                "MACs at 224 (linvit.utils.count_macs, exact): 1.1447G = 1.0746G linears and patch embedding "
+                "(DeiT-T's own) + 0.0586G linear-attention products (k^T v, q S, q z per head) + 0.0113G 5x5 DWC",
+            ),
+        ),
         "flatten_deit_small_patch16_224.untrained": _cfg(),
     }
 )
