@@ -45,15 +45,13 @@ def relative_position_bias(
     return table[index.reshape(-1)].view(tokens, tokens, -1).permute(2, 0, 1)
 
 
-@torch.fx.wrap
-def shifted_window_mask(
+def _shifted_window_mask(
     hw: tuple[int, int],
     padded_hw: tuple[int, int],
     window: tuple[int, int],
     shift: tuple[int, int],
     device: torch.device,
 ) -> Tensor | None:
-    """(num_windows, 1, n, n) additive mask (0 / -inf) for the rolled, padded map; None when nothing is masked."""
     padded = padded_hw[0] != hw[0] or padded_hw[1] != hw[1]
     if shift[0] == 0 and shift[1] == 0 and not padded:
         return None
@@ -73,6 +71,65 @@ def shifted_window_mask(
         blocked = blocked | (valid.unsqueeze(2) & ~valid.unsqueeze(1))
     mask = torch.zeros(blocked.shape, device=device).masked_fill(blocked, float("-inf"))
     return mask.unsqueeze(1)
+
+
+# The masks depend only on sizes and the device (no parameter), so eager calls share them: rebuilding them costs a
+# dozen small ops per block and call. Keyed by every size they depend on; never mutated after insertion.
+_MASK_CACHE: dict[tuple, Tensor | None] = {}
+_MASK_CACHE_LIMIT = 64
+
+
+@torch.jit.ignore
+def _cached_shifted_window_mask(
+    hw: tuple[int, int],
+    padded_hw: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    device: torch.device,
+) -> Tensor | None:
+    key = (hw, padded_hw, window, shift, str(device))
+    if key not in _MASK_CACHE:
+        if len(_MASK_CACHE) >= _MASK_CACHE_LIMIT:
+            _MASK_CACHE.clear()
+        _MASK_CACHE[key] = _shifted_window_mask(hw, padded_hw, window, shift, device)
+    return _MASK_CACHE[key]
+
+
+@torch.fx.wrap
+def shifted_window_mask(
+    hw: tuple[int, int],
+    padded_hw: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    device: torch.device,
+) -> Tensor | None:
+    """(num_windows, 1, n, n) additive mask (0 / -inf) for the rolled, padded map; None when nothing is masked.
+
+    Eager calls return a shared cached tensor (treat it as read-only); TorchScript, tracing and torch.compile
+    build it in the graph (under compile it is a constant of the sizes anyway).
+    """
+    if torch.jit.is_scripting():
+        return _shifted_window_mask(hw, padded_hw, window, shift, device)
+    if torch.compiler.is_compiling() or device.type == "meta":
+        return _shifted_window_mask(hw, padded_hw, window, shift, device)
+    return _cached_shifted_window_mask(hw, padded_hw, window, shift, device)
+
+
+@torch.fx.wrap
+def window_attention_mask(bias: Tensor, mask: Tensor | None, x: Tensor) -> Tensor:
+    """The additive SDPA mask for (B * nW, heads, n, n) windows of x: the bias, plus the shift/padding mask.
+
+    Always 4-D, which keeps SDPA on its fused (flash) CPU kernel; 5-D inputs (windows split from the batch, to
+    broadcast the mask) fall back to the unfused math path (explicit matmuls, softmax, fully-masked-row checks).
+    """
+    attn_mask = bias.unsqueeze(0)  # (1, heads, n, n), gathered once per call (the table is a parameter)
+    if mask is None:
+        return attn_mask
+    attn_mask = attn_mask + mask  # (nW, heads, n, n)
+    batch = x.shape[0]
+    if batch > 1:
+        attn_mask = attn_mask.repeat(batch, 1, 1, 1)  # windows are batch-major
+    return attn_mask
 
 
 class WindowAttention(nn.Module):
@@ -174,15 +231,8 @@ class WindowAttention(nn.Module):
         )
         mask = shifted_window_mask(hw, padded_hw, window, shift, x.device)
         dropout = self.attn_drop if self.training else 0.0
-        if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(q.dtype), dropout_p=dropout)
-        else:
-            num_windows = mask.shape[0]
-            shape = (-1, num_windows, self.num_heads, tokens, self.head_dim)
-            attn_mask = (bias.unsqueeze(0) + mask).to(q.dtype)  # (nW, heads, n, n), broadcast over the batch
-            out = F.scaled_dot_product_attention(
-                q.reshape(shape), k.reshape(shape), v.reshape(shape), attn_mask=attn_mask, dropout_p=dropout
-            )
+        attn_mask = window_attention_mask(bias, mask, x)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(q.dtype), dropout_p=dropout)
         out = out.reshape(-1, self.num_heads, tokens, self.head_dim).transpose(1, 2).reshape(-1, tokens, self.dim)
 
         grid = window_reverse(out, window, padded_hw)
