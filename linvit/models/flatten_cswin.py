@@ -46,15 +46,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
-from linvit.models._checkpoint import load_pretrained_file
-from linvit.models._validation import check_image_batch
-from linvit.models.flatten_pvt_v2 import (
-    _unwrap_checkpoint,
+from linvit.models._checkpoint import load_pretrained_file, route_pretrained_to_model
+from linvit.models._flatten_common import (
+    ClassifierHeadMixin,
+    conv_stage_grids,
     drop_path_rates,
     resize_tables_to_model,
-    route_files_to_custom_load,
     set_attention_grid,
+    unwrap_checkpoint,
 )
+from linvit.models._validation import check_image_batch
 
 __all__ = ["FlattenCSwin", "checkpoint_filter_fn"]
 
@@ -62,18 +63,9 @@ __all__ = ["FlattenCSwin", "checkpoint_filter_fn"]
 MIN_INPUT_SIZE = (3, 3)
 
 
-def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - kernel) // stride + 1
-
-
 def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[int, int]]:
     """Token grid of every stage (7x7/4 stem with padding 2, then 3x3/2 merges with padding 1)."""
-    h, w = _conv_out(img_size[0], 7, 4, 2), _conv_out(img_size[1], 7, 4, 2)
-    grids = [(h, w)]
-    for _ in range(num_stages - 1):
-        h, w = _conv_out(h, 3, 2, 1), _conv_out(w, 3, 2, 1)
-        grids.append((h, w))
-    return grids
+    return conv_stage_grids(img_size, num_stages, stem_padding=2)
 
 
 class FocusedLinearLePEAttention(nn.Module):
@@ -345,7 +337,7 @@ class FlattenCSwinStage(nn.Module):
         return x.transpose(1, 2).reshape(batch, channels, height, width)
 
 
-class FlattenCSwin(nn.Module):
+class FlattenCSwin(ClassifierHeadMixin, nn.Module):
     """FLatten-CSwin backbone and classifier. Features are NCHW at strides 4, 8, 16, 32."""
 
     def __init__(
@@ -450,23 +442,6 @@ class FlattenCSwin(nn.Module):
         }
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        # the new head goes where the model lives (the old head may hold no parameter to take it from)
-        reference = next(self.parameters())
-        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
-
-    @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the linear blocks' positional encodings (bicubic) for a new input resolution."""
         self.img_size = to_2tuple(img_size)
@@ -512,34 +487,9 @@ class FlattenCSwin(nn.Module):
             x = self.norm(x)
         return x, intermediates
 
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the stages after the last tap (and the norm/head); returns the normalised tap indices."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[: max_index + 1]
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-            self.head.reset(0, in_features=self.num_features)
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take_indices
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FlattenCSwin")
         return self.norm(self.stages(self.stem(x)))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -550,7 +500,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     `attns.0.focused.*`, `head` -> `head.fc`, and resizes the linear blocks' positional encodings when the model
     was built for another resolution.
     """
-    state_dict = _unwrap_checkpoint(state_dict)
+    state_dict = unwrap_checkpoint(state_dict)
     if any(key.startswith("stages.") for key in state_dict):
         return resize_tables_to_model(dict(state_dict), model)
     out = {}
@@ -566,7 +516,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
 def _create_flatten_cswin(variant: str, pretrained: bool = False, **kwargs) -> FlattenCSwin:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    kwargs = route_files_to_custom_load(kwargs)
+    kwargs = route_pretrained_to_model(kwargs)
     return build_model_with_cfg(
         FlattenCSwin,
         variant,

@@ -34,17 +34,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
-from linvit.models._checkpoint import load_pretrained_file
-from linvit.models.flatten_pvt_v2 import (
-    FlattenPvtV2,
-    _cfg,
-    _fuse_q_kv,
-    _unwrap_checkpoint,
+from linvit.models._checkpoint import load_pretrained_file, route_pretrained_to_model
+from linvit.models._flatten_common import (
     drop_path_rates,
+    fuse_q_kv,
     resize_tables_to_model,
-    route_files_to_custom_load,
     set_attention_grid,
+    unwrap_checkpoint,
 )
+from linvit.models.flatten_pvt_v2 import FlattenPvtV2, _cfg
 
 __all__ = ["FlattenPvt", "checkpoint_filter_fn"]
 
@@ -330,12 +328,12 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     Fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `pos_embed{s}`, `block{s}` and `head`,
     drops the never-used final `norm`, and resizes position tables when the model was built for another size.
     """
-    state_dict = _unwrap_checkpoint(state_dict)
+    state_dict = unwrap_checkpoint(state_dict)
     if any(key.startswith("stages.") for key in state_dict):
         out = dict(state_dict)
     else:
         out = {}
-        for key, value in _fuse_q_kv(state_dict).items():
+        for key, value in fuse_q_kv(state_dict).items():
             if key.startswith("norm."):
                 continue  # built but never applied by the authors' model
             key = re.sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed.", key)
@@ -348,7 +346,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
 def _create_flatten_pvt(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvt:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    kwargs = route_files_to_custom_load(kwargs)
+    kwargs = route_pretrained_to_model(kwargs)
     return build_model_with_cfg(
         FlattenPvt,
         variant,

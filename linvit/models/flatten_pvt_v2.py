@@ -31,45 +31,25 @@ from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from linvit.attention import FocusedLinearAttention, resize_positional_table
-from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
+from linvit.attention import FocusedLinearAttention
+from linvit.models._checkpoint import load_pretrained_file, route_pretrained_to_model
+from linvit.models._flatten_common import (
+    ClassifierHeadMixin,
+    conv_stage_grids,
+    drop_path_rates,
+    fuse_q_kv,
+    resize_tables_to_model,
+    set_attention_grid,
+    unwrap_checkpoint,
+)
 from linvit.models._validation import check_image_batch
 
 __all__ = ["FlattenPvtV2", "checkpoint_filter_fn"]
 
 
-def set_attention_grid(attn: nn.Module, new_size: tuple[int, int]) -> None:
-    """Resize a `FocusedLinearAttention`'s learnable positional encoding to a new (h, w) grid in place."""
-    old_size = tuple(attn.pos_size)
-    new_size = tuple(new_size)
-    if old_size == new_size:
-        return
-    old = attn.positional_encoding
-    with torch.no_grad():
-        resized = resize_positional_table(old.data, old_size, new_size)
-    attn.positional_encoding = nn.Parameter(resized, requires_grad=old.requires_grad)
-    attn.pos_size = new_size
-
-
-def drop_path_rates(drop_path_rate: float, num_blocks: int) -> list[float]:
-    """Stochastic-depth rate of every block, rising linearly from 0 (plain Python: works under the meta device)."""
-    if num_blocks <= 1:
-        return [0.0] * num_blocks
-    return [drop_path_rate * i / (num_blocks - 1) for i in range(num_blocks)]
-
-
-def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - kernel) // stride + 1
-
-
 def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[int, int]]:
     """Token grid of every stage for an input of `img_size` (7x7/4 stem, then 3x3/2 overlapping convolutions)."""
-    h, w = _conv_out(img_size[0], 7, 4, 3), _conv_out(img_size[1], 7, 4, 3)
-    grids = [(h, w)]
-    for _ in range(num_stages - 1):
-        h, w = _conv_out(h, 3, 2, 1), _conv_out(w, 3, 2, 1)
-        grids.append((h, w))
-    return grids
+    return conv_stage_grids(img_size, num_stages, stem_padding=3)
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -220,7 +200,7 @@ class FlattenPvtV2Stage(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
 
 
-class FlattenPvtV2(nn.Module):
+class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
     """FLatten-PVTv2 backbone and classifier. Features are NCHW at strides 4, 8, 16, 32."""
 
     def __init__(
@@ -327,23 +307,6 @@ class FlattenPvtV2(nn.Module):
         }
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        # the new head goes where the model lives (the old head may hold no parameter to take it from)
-        reference = next(self.parameters())
-        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
-
-    @torch.jit.ignore
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
         """Rebuild every positional-encoding table for a new input resolution (bicubic resize)."""
         self.img_size = to_2tuple(img_size)
@@ -383,76 +346,9 @@ class FlattenPvtV2(nn.Module):
             return intermediates
         return x, intermediates
 
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the stages after the last tap (and the head); returns the normalised tap indices."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[: max_index + 1]
-        if prune_end:
-            # features now end at the last kept stage; the head is re-sized to them
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-            self.head.reset(0, in_features=self.num_features)
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take_indices
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = check_image_batch(x, self.in_chans, model_name=self.model_name)  # the convolutions take any size
         return self.stages(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-
-def _fuse_q_kv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Concatenate the authors' separate `attn.q` and `attn.kv` projections into one `attn.qkv` (rows q, k, v)."""
-    out = {}
-    for key, value in state_dict.items():
-        if ".attn.kv." in key:
-            continue
-        if ".attn.q." in key:
-            kv_key = key.replace(".attn.q.", ".attn.kv.")
-            if kv_key not in state_dict:
-                raise ValueError(f"checkpoint has {key} but no {kv_key}; the authors' PVT attention has both.")
-            out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([value, state_dict[kv_key]], dim=0)
-            continue
-        out[key] = value
-    return out
-
-
-def resize_tables_to_model(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Resize every `positional_encoding` whose token count differs from the model's (grid from the model)."""
-    grids = {name: tuple(module.pos_size) for name, module in model.named_modules() if hasattr(module, "pos_size")}
-    target = model.state_dict()
-    for key, value in list(state_dict.items()):
-        if not key.endswith("positional_encoding") or key not in target:
-            continue
-        if value.shape == target[key].shape:
-            continue
-        new_size = grids[key[: -len(".positional_encoding")]]
-        tokens = value.shape[1]
-        side = int(round(tokens**0.5))
-        if side * side != tokens:
-            raise ValueError(
-                f"cannot resize {key} of shape {tuple(value.shape)}: its {tokens} tokens are not a square grid; "
-                "convert it at the resolution it was trained at."
-            )
-        state_dict[key] = resize_positional_table(value, (side, side), new_size)
-    return state_dict
-
-
-def _unwrap_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    if "model" in checkpoint or "state_dict_ema" in checkpoint or "state_dict" in checkpoint:
-        return extract_model_state_dict(checkpoint)
-    return checkpoint
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -462,11 +358,11 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `block{s}`, `norm{s}`, `dwconv.dwconv`
     and `head`, and resizes the positional encodings when the model was built for another resolution.
     """
-    state_dict = _unwrap_checkpoint(state_dict)
+    state_dict = unwrap_checkpoint(state_dict)
     if any(key.startswith("stages.") for key in state_dict):
         return resize_tables_to_model(dict(state_dict), model)
     out = {}
-    for key, value in _fuse_q_kv(state_dict).items():
+    for key, value in fuse_q_kv(state_dict).items():
         key = re.sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed.", key)
         key = re.sub(r"^block(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
         key = re.sub(r"^norm(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.norm.", key)
@@ -476,22 +372,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     return resize_tables_to_model(out, model)
 
 
-def route_files_to_custom_load(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Keep `custom_load` on when the user points the cfg at a local file or url.
-
-    timm resets `custom_load` to False whenever `pretrained_cfg_overlay` names a weight source, which would send the
-    authors' .pth (with its pickled config) to timm's strict safe loader. Our `load_pretrained` reads both the
-    authors' files and converted ones, so the overlay keeps it unless the caller set `custom_load` themselves.
-    """
-    overlay = kwargs.get("pretrained_cfg_overlay")
-    if overlay and (overlay.get("file") or overlay.get("url")):
-        kwargs["pretrained_cfg_overlay"] = dict(overlay, custom_load=overlay.get("custom_load", True))
-    return kwargs
-
-
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    kwargs = route_files_to_custom_load(kwargs)
+    kwargs = route_pretrained_to_model(kwargs)
     return build_model_with_cfg(
         FlattenPvtV2,
         variant,

@@ -1,0 +1,152 @@
+"""What the FLatten PVT, PVTv2 and CSwin families share: stage geometry, positional tables, checkpoint mapping.
+
+- `drop_path_rates`, `conv_stage_grids`: per-block stochastic depth and the token grid of every stage;
+- `set_attention_grid` (a built model) and `resize_tables_to_model` (a checkpoint): resize the learnable positional
+  encodings of `FocusedLinearAttention` to another grid;
+- `unwrap_checkpoint`, `fuse_q_kv`: the authors' training files and their separate `q` / `kv` projections;
+- `ClassifierHeadMixin`: the timm classifier and pruning API of models whose head is a timm `ClassifierHead`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timm.models._features import feature_take_indices
+from torch import nn
+
+from linvit.attention import resize_positional_table
+from linvit.models._checkpoint import extract_model_state_dict
+
+__all__ = [
+    "ClassifierHeadMixin",
+    "conv_stage_grids",
+    "drop_path_rates",
+    "fuse_q_kv",
+    "resize_tables_to_model",
+    "set_attention_grid",
+    "unwrap_checkpoint",
+]
+
+
+def drop_path_rates(drop_path_rate: float, num_blocks: int) -> list[float]:
+    """Stochastic-depth rate of every block, rising linearly from 0 (plain Python: works under the meta device)."""
+    if num_blocks <= 1:
+        return [0.0] * num_blocks
+    return [drop_path_rate * i / (num_blocks - 1) for i in range(num_blocks)]
+
+
+def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def conv_stage_grids(img_size: tuple[int, int], num_stages: int, stem_padding: int) -> list[tuple[int, int]]:
+    """Token grid of every stage behind a 7x7/4 stem (padding `stem_padding`) and 3x3/2 downsamplings (padding 1)."""
+    h, w = _conv_out(img_size[0], 7, 4, stem_padding), _conv_out(img_size[1], 7, 4, stem_padding)
+    grids = [(h, w)]
+    for _ in range(num_stages - 1):
+        h, w = _conv_out(h, 3, 2, 1), _conv_out(w, 3, 2, 1)
+        grids.append((h, w))
+    return grids
+
+
+def set_attention_grid(attn: nn.Module, new_size: tuple[int, int]) -> None:
+    """Resize a `FocusedLinearAttention`'s learnable positional encoding to a new (h, w) grid in place."""
+    old_size = tuple(attn.pos_size)
+    new_size = tuple(new_size)
+    if old_size == new_size:
+        return
+    old = attn.positional_encoding
+    with torch.no_grad():
+        resized = resize_positional_table(old.data, old_size, new_size)
+    attn.positional_encoding = nn.Parameter(resized, requires_grad=old.requires_grad)
+    attn.pos_size = new_size
+
+
+def resize_tables_to_model(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Resize every `positional_encoding` whose token count differs from the model's (grid from the model)."""
+    grids = {name: tuple(module.pos_size) for name, module in model.named_modules() if hasattr(module, "pos_size")}
+    target = model.state_dict()
+    for key, value in list(state_dict.items()):
+        if not key.endswith("positional_encoding") or key not in target:
+            continue
+        if value.shape == target[key].shape:
+            continue
+        new_size = grids[key[: -len(".positional_encoding")]]
+        tokens = value.shape[1]
+        side = int(round(tokens**0.5))
+        if side * side != tokens:
+            raise ValueError(
+                f"cannot resize {key} of shape {tuple(value.shape)}: its {tokens} tokens are not a square grid; "
+                "convert it at the resolution it was trained at."
+            )
+        state_dict[key] = resize_positional_table(value, (side, side), new_size)
+    return state_dict
+
+
+def unwrap_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model weights of an authors' training file (`model`, `state_dict_ema`, ...); a state dict as it is."""
+    if "model" in checkpoint or "state_dict_ema" in checkpoint or "state_dict" in checkpoint:
+        return extract_model_state_dict(checkpoint)
+    return checkpoint
+
+
+def fuse_q_kv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Concatenate the authors' separate `attn.q` and `attn.kv` projections into one `attn.qkv` (rows q, k, v)."""
+    out = {}
+    for key, value in state_dict.items():
+        if ".attn.kv." in key:
+            continue
+        if ".attn.q." in key:
+            kv_key = key.replace(".attn.q.", ".attn.kv.")
+            if kv_key not in state_dict:
+                raise ValueError(f"checkpoint has {key} but no {kv_key}; the authors' PVT attention has both.")
+            out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([value, state_dict[kv_key]], dim=0)
+            continue
+        out[key] = value
+    return out
+
+
+class ClassifierHeadMixin:
+    """timm's classifier and pruning API for a model with a timm `ClassifierHead` at `self.head`, stages in
+    `self.stages` (each with a `grad_checkpointing` flag), `feature_info`, optionally a final `norm`, and a
+    `forward_features(x)`. Put it before `nn.Module` in the bases."""
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = global_pool
+        # the new head goes where the model lives (the old head may hold no parameter to take it from)
+        reference = next(self.parameters())
+        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the stages after the last tap (and a final `norm`, the head); returns the normalised tap indices."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[: max_index + 1]
+        if (prune_norm or prune_end) and isinstance(getattr(self, "norm", None), nn.Module):
+            self.norm = nn.Identity()  # the final norm is sized for the last stage
+        if prune_end:  # features now end at the last kept stage; the head is re-sized to them
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+            self.head.reset(0, in_features=self.num_features)
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
