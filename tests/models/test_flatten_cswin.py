@@ -495,3 +495,15 @@ def test_fx_feature_extraction_matches_eager():
         torch.testing.assert_close(
             traced["s1"], model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
         )
+
+
+def test_smallest_input_is_3x3_and_smaller_ones_name_the_minimum():
+    model = _small(num_classes=4).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 3, 3)).shape == (1, 4)  # the 7x7/4 stem (padding 2) gives one token
+        assert model.forward_intermediates(torch.randn(1, 3, 3, 5), intermediates_only=True)[-1].shape[-2:] == (1, 1)
+    for entry in (model, model.forward_features, model.forward_intermediates):
+        with pytest.raises(ValueError, match=r"FlattenCSwin needs images of at least 3x3 \(H x W\), got 2x8"):
+            entry(torch.randn(1, 3, 2, 8))
+    with pytest.raises(ValueError, match="in_chans=1"):
+        model.forward_intermediates(torch.randn(1, 1, 32, 32))

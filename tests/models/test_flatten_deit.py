@@ -232,3 +232,16 @@ def test_bf16_autocast_stays_finite_at_large_activations():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
     assert torch.isfinite(out).all()
+
+
+def test_input_checks_at_the_entry():
+    padded = _tiny()
+    with torch.no_grad():
+        assert padded(torch.randn(1, 3, 5, 7)).shape == (1, 10)  # padded up to one 16x16 patch
+    unpadded = _tiny(dynamic_img_pad=False)
+    with pytest.raises(ValueError, match=r"FLattenDeiT needs images of at least 16x16 \(H x W\), got 8x32"):
+        unpadded.forward_intermediates(torch.randn(1, 3, 8, 32))
+    with pytest.raises(TypeError, match="uint8"):
+        padded.forward_features(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"unsqueeze\(0\)"):
+        padded(torch.randn(3, 32, 32))
