@@ -415,7 +415,10 @@ def _plot_operators(index: dict, out_dir: Path, field: str, ylabel: str, filenam
             ax.set_xlabel("tokens")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    for ax in (ax for row in axes for ax in row):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+            break
     fig.tight_layout()
     fig.savefig(out_dir / filename, dpi=90)
     plt.close(fig)
