@@ -98,6 +98,31 @@ def test_window_attention_float32():
     torch.testing.assert_close(module(x, (9, 7)), reference_window_attention(module, x, (9, 7)), rtol=1e-5, atol=1e-5)
 
 
+def test_window_attention_gradients_and_cached_masks_follow_the_table():
+    """Shifted, padded windows in training: gradients reach the bias table (and x) as in the reference; the cached
+    size-derived masks do not freeze the bias, which changes with the table."""
+    from linvit.attention.window import _shifted_window_mask, shifted_window_mask
+
+    module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2, dtype=torch.float64)).train()
+    hw = (9, 7)
+    x = _tokens(2, hw, 16).requires_grad_(True)
+    grads = []
+    for forward in (module, lambda t, size: reference_window_attention(module, t, size)):
+        module.zero_grad()
+        x.grad = None
+        forward(x, hw).square().sum().backward()
+        grads.append((module.relative_position_bias_table.grad.clone(), x.grad.clone()))
+    for fast, slow in zip(*grads):
+        torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        module.relative_position_bias_table.mul_(-2.0)
+        torch.testing.assert_close(module(x, hw), reference_window_attention(module, x, hw), rtol=1e-10, atol=1e-10)
+    cached = shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device)
+    assert cached is shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device)
+    torch.testing.assert_close(cached, _shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device))
+    assert shifted_window_mask((8, 8), (8, 8), (4, 4), (0, 0), x.device) is None
+
+
 def test_window_attention_state_dict():
     module = WindowAttention(96, 3, window_size=7)
     state = module.state_dict()
