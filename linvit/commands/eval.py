@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -26,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a data option of the run's config, e.g. --data root=/data/imagenet (repeatable)",
     )
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument(
+        "--trusted",
+        action="store_true",
+        help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
+    )
 
 
 def _run_dir(checkpoint: Path) -> Path:
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from linvit.train.export import find_checkpoint
+    from linvit.train.export import find_checkpoint, untrusted_checkpoint_error
     from linvit.train.module import ImageClassifier
 
     try:
@@ -62,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
         data_cfg.num_workers = args.num_workers
         data_cfg.persistent_workers = False
     datamodule = instantiate(data_cfg)
-    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=False)
+    try:
+        model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=not args.trusted)
+    except pickle.UnpicklingError as error:
+        sys.stderr.write(f"linvit eval: {untrusted_checkpoint_error(checkpoint, error, '--trusted')}\n")
+        return 2
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,

@@ -18,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="output folder (default: the run directory, or the .ckpt's run)"
     )
+    parser.add_argument(
+        "--trusted",
+        action="store_true",
+        help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         out = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     try:
-        weights = export_checkpoint(checkpoint, out, ema=args.ema)
+        weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
     except ValueError as error:
         sys.stderr.write(f"linvit export: {error}\n")
         return 2

@@ -22,6 +22,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from linvit.train._hparams import make_hparams_plain
 from linvit.train.datasets import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_DIR,
@@ -166,6 +167,7 @@ class DigitsDataModule(ClassificationDataModule):
     ):
         super().__init__(num_classes=num_classes, mean=mean, std=std, **kwargs)
         self.save_hyperparameters()
+        make_hparams_plain(self)
         self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
         self.split_seed = int(split_seed)
         self.augment = bool(augment)
@@ -208,6 +210,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
     ):
         super().__init__(num_classes=num_classes, mean=mean, std=std, **kwargs)
         self.save_hyperparameters()
+        make_hparams_plain(self)
         self.root = str(root)
         self.val_size = int(val_size)
         self.split_seed = int(split_seed)
@@ -323,6 +326,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
     ):
         super().__init__(num_classes=num_classes, img_size=img_size, **kwargs)
         self.save_hyperparameters()
+        make_hparams_plain(self)
         self.root = Path(root)
         self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
         self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
@@ -390,6 +394,7 @@ class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
             raise ValueError(f"variant must be 'cifar10' or 'cifar100', got {variant!r}.")
         super().__init__(num_classes=num_classes, mean=mean, std=std, **kwargs)
         self.save_hyperparameters()
+        make_hparams_plain(self)
         self.root, self.variant, self.download = str(root), variant, bool(download)
         self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
         self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale

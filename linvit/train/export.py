@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from linvit.models._checkpoint import UntrustedCheckpointError
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -50,9 +53,29 @@ def find_checkpoint(path: str | os.PathLike, which: str = "best") -> Path:
     raise FileNotFoundError(f"no {which}.ckpt in {path} or {path / 'checkpoints'}: give a run directory or a .ckpt.")
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    # Our own training checkpoints hold hyper-parameters and callback state beside the tensors.
-    return torch.load(path, map_location="cpu", weights_only=False)
+def untrusted_checkpoint_error(path: str | os.PathLike, error: BaseException, opt_in: str) -> UntrustedCheckpointError:
+    """The refusal of a checkpoint that ``torch.load(weights_only=True)`` cannot read, naming the opt-in."""
+    reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return UntrustedCheckpointError(
+        f"Refusing to load '{path}' without {opt_in}: it holds pickled Python objects that only running code from "
+        f"the file could rebuild (linvit's own checkpoints never do). Nothing from it was executed. If you trust "
+        f"this file and its source, pass {opt_in} (runs arbitrary code from the file). Loader message: {reason}"
+    )
+
+
+def load_checkpoint(path: str | os.PathLike, trusted: bool = False, opt_in: str = "trusted=True") -> dict[str, Any]:
+    """A training checkpoint as a dict, read with ``torch.load(weights_only=True)`` unless ``trusted``.
+
+    Our own checkpoints hold only tensors and plain containers (hyper-parameters, loop and callback state), so
+    they load safely; a file that names other Python objects raises :class:`UntrustedCheckpointError` naming
+    ``opt_in``.
+    """
+    if trusted:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise untrusted_checkpoint_error(path, error, opt_in) from error
 
 
 def model_state_dict(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:
@@ -107,14 +130,21 @@ def timm_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def export_checkpoint(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False) -> Path:
+def export_checkpoint(
+    checkpoint_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    ema: bool = False,
+    trusted: bool = False,
+    opt_in: str = "trusted=True",
+) -> Path:
     """Write ``model.safetensors`` and ``config.json`` for ``checkpoint_path`` into ``out_dir``; returns the weights.
 
-    ``ema``: export the EMA weights instead of the raw ones.
+    ``ema``: export the EMA weights instead of the raw ones. ``trusted``: allow a checkpoint that runs code when
+    loaded (see :func:`load_checkpoint`).
     """
     from safetensors.torch import save_file
 
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = load_checkpoint(checkpoint_path, trusted=trusted, opt_in=opt_in)
     weights = model_state_dict(checkpoint, ema=ema)
     config = timm_config(checkpoint)
     config["num_features"] = _num_features(config)

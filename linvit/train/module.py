@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torchmetrics.classification import MulticlassAccuracy
 
+from linvit.train._hparams import make_hparams_plain
+
 _log = logging.getLogger(__name__)
 
 OPTIMIZER_DEFAULTS: dict[str, Any] = {
@@ -85,6 +87,7 @@ class ImageClassifier(LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        make_hparams_plain(self)
         import linvit  # noqa: F401  (registers linvit models with timm)
 
         self.optimizer_cfg = {**OPTIMIZER_DEFAULTS, **dict(optimizer or {})}

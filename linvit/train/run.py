@@ -6,10 +6,13 @@ This is the one module of :mod:`linvit` that uses Hydra (``hydra.utils.instantia
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import pickle
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,9 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     output_dir = Path(str(cfg.paths.output_dir))
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    datamodule: pl.LightningDataModule = instantiate(cfg.data)
-    model: pl.LightningModule = instantiate(cfg.model)
+    # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
+    datamodule: pl.LightningDataModule = instantiate(cfg.data, _convert_="all")
+    model: pl.LightningModule = instantiate(cfg.model, _convert_="all")
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -66,13 +70,15 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
         (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     metrics: dict[str, float] = {}
     ckpt_path = resolve_ckpt_path(cfg)
+    trusted = bool(cfg.get("trust_checkpoint", False))
     if cfg.get("train", True):
         with warnings.catch_warnings():
             if ckpt_path:
                 _log.info("resuming from %s", ckpt_path)
                 # a resumed run appends to its metrics.csv and keeps its checkpoints: nothing is deleted
                 warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* not empty")
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+            with _refuse_untrusted(ckpt_path):
+                trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=not trusted)
         metrics.update(_floats(trainer.callback_metrics))
 
     best = _best_checkpoint(trainer)
@@ -84,7 +90,8 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
         else:
             test_ckpt = ckpt_path
         _log.info("testing %s", test_ckpt or "current weights")
-        results = trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=False)
+        with _refuse_untrusted(test_ckpt):
+            results = trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=not trusted)
         for result in results:
             metrics.update(_floats(result))
 
@@ -105,6 +112,17 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     if trainer.is_global_zero:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
+
+
+@contextlib.contextmanager
+def _refuse_untrusted(path: str | None) -> Iterator[None]:
+    """Checkpoints load with ``weights_only=True``: turn the loader's refusal into an error naming the opt-in."""
+    try:
+        yield
+    except pickle.UnpicklingError as error:
+        from linvit.train.export import untrusted_checkpoint_error
+
+        raise untrusted_checkpoint_error(path, error, "trust_checkpoint=true") from error
 
 
 def _exportable(model: Any) -> bool:

@@ -46,7 +46,7 @@ def run_dir(tmp_path_factory):
 def _trained_model(run_dir: Path, ema: bool = False):
     from linvit.train.module import ImageClassifier
 
-    module = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=False)
+    module = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
     return (module.model_ema.module if ema else module.model).eval()
 
 
@@ -94,3 +94,24 @@ def test_eval_command_reproduces_the_test_metrics(run_dir, capsys):
     trained = json.loads((run_dir / "test_metrics.json").read_text())
     assert metrics["test/acc1"] == pytest.approx(trained["test/acc1"])
     assert metrics["test_ema/acc1"] == pytest.approx(trained["test_ema/acc1"])
+
+
+class _RunsCode:
+    """Unpickling this touches a marker file: proof that loading ran code named by the checkpoint."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_a_checkpoint_that_runs_code_is_refused_naming_trusted(tmp_path, capsys, command):
+    marker = tmp_path / "code_ran"
+    (tmp_path / "config.yaml").write_text("data: {}\n")
+    torch.save({"state_dict": {}, "hyper_parameters": _RunsCode(marker)}, tmp_path / "evil.ckpt")
+    code = linvit_main([command, str(tmp_path / "evil.ckpt")])
+    assert code != 0
+    assert not marker.exists(), "loading executed code from the checkpoint"
+    assert "--trusted" in capsys.readouterr().err

@@ -112,12 +112,6 @@ def _compose(tmp_path: Path, *overrides: str):
         )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the DataModule's hyper-parameters keep omegaconf ListConfig objects (mean, std), so linvit's own "
-    "checkpoints need weights_only=False. Fix in linvit/train/run.py: instantiate(cfg.data, _convert_='all') and "
-    "instantiate(cfg.model, _convert_='all') (or list(...) the sequences before save_hyperparameters).",
-)
 def test_own_training_checkpoints_load_with_weights_only(tmp_path):
     from hydra.utils import instantiate
 
@@ -128,13 +122,6 @@ def test_own_training_checkpoints_load_with_weights_only(tmp_path):
     torch.load(tmp_path / "hparams.ckpt", weights_only=True)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="linvit/train/run.py resumes with trainer.fit(..., weights_only=False) (also trainer.test, "
-    "export.load_checkpoint, commands/eval.py): a ckpt_path= file from a stranger runs its pickled code. Fix: "
-    "weights_only=True by default, a `trust_checkpoint: false` key in configs/train.yaml as the opt-in, and an "
-    "error that names it (after the hyper-parameter fix above, linvit's own checkpoints load safely).",
-)
 def test_resuming_from_a_strangers_checkpoint_runs_no_code(tmp_path):
     from linvit.train.run import train
 

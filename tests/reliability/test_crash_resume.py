@@ -72,7 +72,7 @@ def _outcome(log_dir: Path, run_name: str) -> dict:
 
 
 def _ckpt_step(path: Path) -> int:
-    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
 
 
 def _signal_at(step: int, name: str) -> list[str]:

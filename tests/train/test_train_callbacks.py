@@ -44,7 +44,7 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException after the save
         trainer.fit(module, train_dataloaders=_loader())
     assert signal.getsignal(signal.SIGTERM) is not None
-    checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
     assert not (tmp_path / "last.ckpt.tmp").exists()
     signal.signal(signal.SIGTERM, previous)
@@ -65,7 +65,7 @@ def test_atomic_checkpoint_and_learning_curves(tmp_path):
     )
     trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=_loader(8))
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["best.ckpt", "last.ckpt"]
-    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 12
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 12
     assert [row["epoch"] for row in curves.history] == [0.0, 1.0]
     assert {"val/acc1", "val_ema/acc1", "train/loss_epoch", "lr"} <= set(curves.history[-1])
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

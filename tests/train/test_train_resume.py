@@ -18,7 +18,7 @@ class StopAfterFirstEpoch(Callback):
 
 
 def _weights(run_dir):
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     return checkpoint["global_step"], checkpoint["state_dict"]
 
 
