@@ -103,3 +103,14 @@ def test_slurm_launcher_config():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher.tasks_per_node == cfg.hydra.launcher.gpus_per_node
+
+
+def test_default_callbacks_include_fault_tolerance():
+    cfg = compose([])
+    targets = {entry._target_ for entry in cfg.callbacks.values() if entry and "_target_" in entry}
+    assert "linvit.train.fault_tolerance.AtomicCheckpointing" in targets
+    assert "linvit.train.fault_tolerance.NonFiniteLossGuard" in targets
+
+
+def test_trust_checkpoint_is_off_by_default():
+    assert compose([]).trust_checkpoint is False
