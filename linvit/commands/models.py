@@ -69,7 +69,8 @@ def model_macs(name: str, sizes: tuple[int, ...] = MAC_SIZES) -> list[int]:
     import timm
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
+
+    from linvit.utils import macs_counter
 
     results = []
     # built on meta (no init compute), then moved to fake CPU tensors: they carry shapes and report the CPU device,
@@ -80,7 +81,7 @@ def model_macs(name: str, sizes: tuple[int, ...] = MAC_SIZES) -> list[int]:
         in_chans = model.pretrained_cfg.get("input_size", (3,))[0]
         for size in sizes:
             x = torch.empty(1, in_chans, size, size)
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            with torch.no_grad(), macs_counter() as counter:
                 model(x)
             results.append(counter.get_total_flops() // 2)
     return results

@@ -1,5 +1,5 @@
 """Small utilities shared across linvit (no model or training logic)."""
 
-from linvit.utils.macs import count_macs, count_params
+from linvit.utils.macs import count_macs, count_params, macs_counter
 
-__all__ = ["count_macs", "count_params"]
+__all__ = ["count_macs", "count_params", "macs_counter"]

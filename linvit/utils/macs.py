@@ -16,6 +16,11 @@ def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, **kwa
 _EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
 
 
+def macs_counter() -> FlopCounterMode:
+    """PyTorch's flop counter, also counting the fused CPU attention kernel (2 FLOPs per MAC)."""
+    return FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
+
+
 def count_params(model: nn.Module) -> int:
     """Number of parameters (trainable or not); buffers are not counted."""
     return sum(p.numel() for p in model.parameters())
@@ -35,7 +40,7 @@ def count_macs(model: nn.Module, input_size: tuple[int, ...] = (3, 224, 224), ba
     was_training = model.training
     model.eval()
     try:
-        with FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
+        with macs_counter() as counter:
             model(x)
     finally:
         model.train(was_training)
