@@ -56,6 +56,24 @@ def _merge(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) ->
     return {**defaults, **given}
 
 
+def check_model_name(model_name: str) -> None:
+    """Raise ValueError with the close matches when timm does not know ``model_name`` (before anything is built).
+
+    Names with a source prefix (``hf-hub:``, ``local-dir:``) are left to timm.
+    """
+    if ":" in model_name or timm.is_model(model_name):
+        return
+    import difflib
+
+    known = timm.list_models()
+    close = difflib.get_close_matches(model_name, known, n=5, cutoff=0.6)
+    hint = f"Close matches: {', '.join(close)}." if close else "No close match."
+    raise ValueError(
+        f"Unknown model name {model_name!r} (model.model_name). {hint} List the available ones with "
+        "timm.list_models('linvit_*') (or 'flatten_*'), after `import linvit`."
+    )
+
+
 class ImageClassifier(LightningModule):
     """Image classification with ``timm.create_model(model_name, ...)``.
 
@@ -99,6 +117,7 @@ class ImageClassifier(LightningModule):
         self.label_smoothing = float(label_smoothing)
         self.num_classes = int(num_classes)
 
+        check_model_name(model_name)
         self.model = timm.create_model(
             model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **dict(model_kwargs or {})
         )

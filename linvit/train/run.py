@@ -30,6 +30,23 @@ def _instantiate_all(section: DictConfig | None) -> list[Any]:
     return [instantiate(entry) for entry in section.values() if isinstance(entry, DictConfig) and "_target_" in entry]
 
 
+def _instantiate_plain(section: DictConfig) -> Any:
+    """``instantiate`` with plain Python arguments; a ValueError/TypeError of the target comes out unwrapped.
+
+    Hydra wraps every error of the target in ``InstantiationException``; the target's own message (what was
+    wrong, how to fix it) is what a user of ``train.py`` needs to see first.
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(section, _convert_="all")
+    except InstantiationException as error:
+        if isinstance(error.__cause__, (ValueError, TypeError, FileNotFoundError)):
+            raise error.__cause__ from None
+        raise
+
+
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``."""
     if cfg.get("ckpt_path"):
@@ -60,8 +77,8 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     output_dir.mkdir(parents=True, exist_ok=True)
 
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
-    datamodule: pl.LightningDataModule = instantiate(cfg.data, _convert_="all")
-    model: pl.LightningModule = instantiate(cfg.model, _convert_="all")
+    datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data)
+    model: pl.LightningModule = _instantiate_plain(cfg.model)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
