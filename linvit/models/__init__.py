@@ -1,5 +1,10 @@
 """Backbone families, one file each; importing this package registers them with timm."""
-from linvit.models import linvit  # noqa: F401
-from linvit.models import flatten_cswin, flatten_pvt, flatten_pvt_v2  # noqa: F401
-from linvit.models import flatten_swin  # noqa: F401
-from linvit.models import flatten_deit  # noqa: F401
+
+from linvit.models import (  # noqa: F401  (each import registers a family)
+    flatten_cswin,
+    flatten_deit,
+    flatten_pvt,
+    flatten_pvt_v2,
+    flatten_swin,
+    linvit,
+)
