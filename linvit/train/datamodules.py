@@ -32,6 +32,13 @@ from linvit.train.datasets import (
     load_fashion_mnist_arrays,
     stratified_split,
 )
+from linvit.train.image_folder import (
+    BAD_FILE_MODES,
+    PilLoader,
+    ReadableByPil,
+    ReportingDataLoader,
+    TolerantImageFolder,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -121,7 +128,9 @@ class ClassificationDataModule(LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not created this split; call setup() first.")
-        return DataLoader(
+        # a dataset that skips unreadable files reports them once per pass over the data
+        loader_class = ReportingDataLoader if hasattr(dataset, "report_bad_files") else DataLoader
+        return loader_class(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
             sampler=EpochSeededSampler(len(dataset), seed=self.seed) if train else None,
@@ -266,36 +275,6 @@ class _TimmTransformMixin:
         return config
 
 
-class _ReadableByPil:
-    """``is_valid_file`` for ImageFolder: any extension PIL registers (a class, so that it pickles for workers)."""
-
-    def __init__(self):
-        from PIL import Image
-
-        self.extensions = tuple(sorted(ext.lower() for ext in Image.registered_extensions()))
-
-    def __call__(self, path: str) -> bool:
-        return path.lower().endswith(self.extensions)
-
-
-class _PilLoader:
-    """Open an image with PIL as ``mode`` (RGB or L); transparency composited on white (a class: pickles)."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-
-    def __call__(self, path: str):
-        from PIL import Image
-
-        with Image.open(path) as image:
-            if self.mode == "RGB" and (image.mode in ("RGBA", "LA") or "transparency" in image.info):
-                # Composite on white instead of the black that a bare convert() gives transparent pixels.
-                rgba = image.convert("RGBA")
-                background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                return Image.alpha_composite(background, rgba).convert("RGB")
-            return image.convert(self.mode)
-
-
 class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
     """ImageNet layout: ``root/train/<class>/<image>`` and ``root/val/<class>/<image>`` (``root/test`` if present).
 
@@ -307,6 +286,9 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         re_prob, re_mode: random erasing probability and fill mode.
         hflip, color_jitter, scale: timm training-transform options.
         crop_pct, interpolation: evaluation resize/crop.
+        bad_files: what an unreadable image file (not an image, truncated) does: ``skip`` (default; another image
+            stands in, and one warning per pass over the data counts and names the files) or ``error`` (raise
+            naming the file). Files that are not images by extension are always ignored.
     """
 
     def __init__(
@@ -322,30 +304,33 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         crop_pct: float = 0.875,
         interpolation: str = "bicubic",
         img_size: int = 224,
+        bad_files: str = "skip",
         **kwargs: Any,
     ):
         super().__init__(num_classes=num_classes, img_size=img_size, **kwargs)
         self.save_hyperparameters()
         make_hparams_plain(self)
+        if bad_files not in BAD_FILE_MODES:
+            raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
+        self.bad_files = bad_files
         self.root = Path(root)
         self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
         self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
         self.crop_pct, self.interpolation = float(crop_pct), interpolation
 
-    def _folder(self, split: str, train: bool):
-        from torchvision.datasets import ImageFolder
-
+    def _folder(self, split: str, train: bool) -> TolerantImageFolder:
         folder = self.root / split
         if not folder.is_dir():
             raise FileNotFoundError(
                 f"{folder} is not a folder: ImageFolder data needs {self.root}/train/<class>/<images> and "
                 f"{self.root}/val/<class>/<images> (ImageNet layout); set data.root."
             )
-        return ImageFolder(
+        return TolerantImageFolder(
             str(folder),
+            bad_files=self.bad_files,
             transform=self._timm_transform(train),
-            loader=_PilLoader("L" if self.in_chans == 1 else "RGB"),
-            is_valid_file=_ReadableByPil(),
+            loader=PilLoader("L" if self.in_chans == 1 else "RGB"),
+            is_valid_file=ReadableByPil(),
         )
 
     def setup(self, stage: str | None = None) -> None:

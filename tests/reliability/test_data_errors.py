@@ -64,12 +64,6 @@ def test_a_class_missing_from_val_is_an_error(image_root):
         _datamodule(image_root).setup("fit")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="torchvision's message ('Found no valid file for the classes empty.') names neither the folder nor the "
-    "fix. Fix in linvit/train/datamodules.py ImageFolderDataModule._folder: catch that FileNotFoundError and re-raise "
-    "naming <root>/<split>/<class> and 'add images or remove the folder (it is a class of the label set)'.",
-)
 def test_an_empty_class_folder_is_an_error_naming_it(image_root):
     (image_root / "train" / "empty").mkdir()
     with pytest.raises((ValueError, FileNotFoundError), match=rf"(?s){image_root / 'train' / 'empty'}"):
@@ -99,12 +93,6 @@ def test_png_with_alpha_is_composited_to_rgb(image_root):
     assert _one_epoch(datamodule) == 6  # 7 images, drop_last batches of 2
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="PIL's convert('RGB') clips 16-bit greyscale (mode I;16) at 255: a 0..65535 ramp becomes nearly all "
-    "white. Fix in linvit/train/datamodules.py _PilLoader: for modes 'I;16*'/'I', rescale to 8 bits "
-    "(np.asarray(image) / 257 -> uint8, mode 'L') before converting.",
-)
 def test_16_bit_greyscale_tiff_keeps_its_intensities(image_root):
     ramp = np.tile(np.linspace(0, 65535, 24).astype(np.uint16), (20, 1))
     Image.fromarray(ramp).save(image_root / "train" / "dog" / "grey16.tif")
@@ -133,15 +121,6 @@ def _add_bad_files(root: Path) -> list[str]:
     return ["garbage.jpg", "truncated.jpg"]
 
 
-_SKIP_FIX = (
-    "Fix in linvit/train/datamodules.py: a bad_files='skip'|'error' option (data config key) for "
-    "ImageFolderDataModule; 'skip' (default) replaces an unreadable sample by the next readable one and logs ONE "
-    "warning per epoch with the count and the file names; 'error' raises naming the path. Today PIL's "
-    "UnidentifiedImageError / 'Truncated File Read' OSError escape from the DataLoader mid-epoch."
-)
-
-
-@pytest.mark.xfail(strict=False, reason=_SKIP_FIX)
 def test_bad_files_are_skipped_with_one_warning_naming_them(image_root, caplog, recwarn):
     names = _add_bad_files(image_root)
     datamodule = _datamodule(image_root, batch_size=1, drop_last=False)
@@ -154,7 +133,6 @@ def test_bad_files_are_skipped_with_one_warning_naming_them(image_root, caplog, 
     assert len(reports) == 1 and "2" in reports[0], messages
 
 
-@pytest.mark.xfail(strict=False, reason=_SKIP_FIX)
 def test_bad_files_are_fatal_when_configured(image_root):
     _add_bad_files(image_root)
     datamodule = _datamodule(image_root, batch_size=1, drop_last=False, bad_files="error")
@@ -168,3 +146,18 @@ def test_loaded_batches_are_float_images_of_the_configured_size(image_root):
     images, targets = next(iter(datamodule.train_dataloader()))
     assert images.dtype == torch.float32 and images.shape == (2, 3, 16, 16)
     assert targets.dtype == torch.int64 and set(targets.tolist()) <= {0, 1}
+
+
+def test_bad_files_skipped_in_worker_processes_are_reported_by_the_main_process(image_root, caplog):
+    names = _add_bad_files(image_root)
+    datamodule = _datamodule(image_root, batch_size=1, drop_last=False, num_workers=1)
+    with caplog.at_level(logging.WARNING):
+        seen = _one_epoch(datamodule)
+    assert seen == 8
+    reports = [r.getMessage() for r in caplog.records if all(n in r.getMessage() for n in names)]
+    assert len(reports) == 1 and "skipped 2 " in reports[0]
+
+
+def test_an_unknown_bad_files_mode_is_an_error(image_root):
+    with pytest.raises(ValueError, match=r"bad_files.*skip.*error.*'ignore'"):
+        _datamodule(image_root, bad_files="ignore")
