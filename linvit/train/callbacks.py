@@ -154,6 +154,7 @@ class SaveOnSigterm(Callback):
     def __init__(self, dirpath: str | os.PathLike, filename: str = "last.ckpt"):
         self.path = Path(dirpath) / filename
         self._requested = False
+        self._saved_step = -1
         self._previous_handler: Any = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -174,13 +175,29 @@ class SaveOnSigterm(Callback):
         if not self._requested:
             return
         self._requested = False
+        self._save(trainer)
+        trainer.should_stop = True
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A SIGTERM during validation: Lightning leaves the evaluation loop with SIGTERMException before any
+        # on_train_batch_end, so save here, unless a checkpoint of this step is already on disk.
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        self._requested = False
+        saved = [getattr(callback, "_last_global_step_saved", -1) for callback in trainer.checkpoint_callbacks]
+        if trainer.global_step > max(saved + [self._saved_step]):
+            self._save(trainer)
+
+    def _save(self, trainer: Trainer) -> None:
         _log.warning("SIGTERM received: saving %s and stopping", self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(self.path.name + ".tmp")
         trainer.save_checkpoint(temporary)
         if trainer.is_global_zero:
             os.replace(temporary, self.path)
-        trainer.should_stop = True
+        self._saved_step = trainer.global_step
 
 
 def _is_main_thread() -> bool:

@@ -140,14 +140,7 @@ def test_sigterm_requeued_run_matches_uninterrupted_run(log_dir, reference, pree
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="SIGTERM during validation: Lightning raises SIGTERMException from the evaluation loop before any "
-    "on_train_batch_end, so SaveOnSigterm never saves and the epoch's training is lost. Fix in "
-    "linvit/train/callbacks.py SaveOnSigterm: also save in on_exception(SIGTERMException) (or on "
-    "on_validation_batch_end) when global_step is past the last checkpoint.",
-)
-def test_sigterm_during_validation_saves_the_finished_training_epoch(log_dir):
+def test_sigterm_during_validation_saves_the_finished_training_epoch(log_dir, reference):
     result = _train(
         log_dir,
         "preempted_in_validation",
@@ -160,6 +153,9 @@ def test_sigterm_during_validation_saves_the_finished_training_epoch(log_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     last = _run_dir(log_dir, "preempted_in_validation") / "checkpoints" / "last.ckpt"
     assert _ckpt_step(last) == 2 * STEPS_PER_EPOCH, "the second epoch's training was lost"
+    # requeued: the interrupted validation runs again, then the last epoch; the same run as never interrupted
+    _train(log_dir, "preempted_in_validation")
+    assert _outcome(log_dir, "preempted_in_validation") == reference
 
 
 def test_last_checkpoint_holds_the_final_step(log_dir, reference):
