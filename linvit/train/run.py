@@ -47,6 +47,18 @@ def _instantiate_plain(section: DictConfig) -> Any:
         raise
 
 
+def _check_model_matches_data(model: Any, datamodule: Any) -> None:
+    """The model's class count and input channels must be the data's (the configs link them; an override may not)."""
+    hparams = getattr(model, "hparams", {})
+    for key in ("num_classes", "in_chans"):
+        built, data = hparams.get(key), getattr(datamodule, key, None)
+        if built is not None and data is not None and int(built) != int(data):
+            raise ValueError(
+                f"model.{key}={built} but the data has {key}={data}: drop the model.{key} override (it follows "
+                f"data.{key} by default) or set both to the same value."
+            )
+
+
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``."""
     if cfg.get("ckpt_path"):
@@ -79,6 +91,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
     datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data)
     model: pl.LightningModule = _instantiate_plain(cfg.model)
+    _check_model_matches_data(model, datamodule)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)

@@ -43,3 +43,12 @@ def test_num_classes_that_disagrees_with_the_dataset_fails_at_setup(tmp_path):
     datamodule = instantiate(cfg.data)
     with pytest.raises(ValueError, match=r"(?s)10 classes.*num_classes=7.*num_classes=10"):
         datamodule.setup("fit")  # Trainer.fit calls this before the first step
+
+
+def test_a_model_num_classes_that_disagrees_with_the_data_fails_before_training(tmp_path):
+    from linvit.train.run import train
+
+    cfg = _compose(tmp_path, "model.num_classes=5", "model.model_name=linvit_nano")
+    with pytest.raises(ValueError, match=r"model\.num_classes=5 but the data has num_classes=10"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
