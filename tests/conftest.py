@@ -13,3 +13,6 @@ _TESTS = Path(__file__).resolve().parent
 for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
     sys.path.insert(0, str(_folder))
 sys.path.insert(0, str(_TESTS))
+# The repository root, for what lives beside the package and is not installed (benchmarks/, train.py): plain `pytest`
+# does not put the working directory on sys.path, `python -m pytest` does.
+sys.path.insert(0, str(_TESTS.parent))
