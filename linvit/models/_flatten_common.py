@@ -4,7 +4,8 @@
 - `set_attention_grid` (a built model) and `resize_tables_to_model` (a checkpoint): resize the learnable positional
   encodings of `FocusedLinearAttention` to another grid;
 - `unwrap_checkpoint`, `fuse_q_kv`: the authors' training files and their separate `q` / `kv` projections;
-- `ClassifierHeadMixin`: the timm classifier and pruning API of models whose head is a timm `ClassifierHead`.
+- `ClassifierHeadMixin`: the timm classifier and pruning API of models whose head is a timm `ClassifierHead`;
+- `flatten_cfg`, `create_flatten_model`: the pretrained cfg and the timm builder call every FLatten family shares.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg
 from timm.models._features import feature_take_indices
 from torch import nn
 
 from linvit.attention import resize_positional_table
-from linvit.models._checkpoint import extract_model_state_dict
+from linvit.models._checkpoint import extract_model_state_dict, route_pretrained_to_model
 
 __all__ = [
     "ClassifierHeadMixin",
     "conv_stage_grids",
+    "create_flatten_model",
     "drop_path_rates",
+    "flatten_cfg",
     "fuse_q_kv",
     "resize_tables_to_model",
     "set_attention_grid",
@@ -150,3 +155,41 @@ class ClassifierHeadMixin:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def flatten_cfg(**kwargs: Any) -> dict[str, Any]:
+    """A FLatten family's pretrained cfg: ImageNet defaults at 224, any input size, the model's own (safe) loader;
+    `kwargs` add the family's own fields or override these."""
+    return {
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "paper_name": "FLatten Transformer: Vision Transformer using Focused Linear Attention",
+        # the released weights are the authors' training checkpoints; the model reads them itself (safely)
+        "custom_load": True,
+        **kwargs,
+    }
+
+
+def create_flatten_model(
+    model_cls: type,
+    variant: str,
+    pretrained: bool,
+    filter_fn: Any,
+    default_out_indices: Any,
+    flatten_sequential: bool = False,
+    **kwargs: Any,
+) -> nn.Module:
+    """timm's `build_model_with_cfg` for a FLatten family: `filter_fn` converts checkpoints, `features_only` gets
+    timm's getter over `forward_intermediates` (`out_indices` from kwargs, else `default_out_indices`), and a
+    pretrained file is routed to the model's own loader."""
+    out_indices = kwargs.pop("out_indices", default_out_indices)
+    kwargs = route_pretrained_to_model(kwargs)
+    feature_cfg = {"flatten_sequential": True} if flatten_sequential else {}
+    feature_cfg.update(feature_cls="getter", out_indices=out_indices)
+    return build_model_with_cfg(
+        model_cls, variant, pretrained, pretrained_filter_fn=filter_fn, feature_cfg=feature_cfg, **kwargs
+    )

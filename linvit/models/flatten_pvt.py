@@ -29,13 +29,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import ClassifierHead, DropPath, Mlp, register_notrace_function, to_2tuple, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
-from linvit.models._checkpoint import load_pretrained_file, route_pretrained_to_model
+from linvit.models._checkpoint import load_pretrained_file
 from linvit.models._flatten_common import (
+    create_flatten_model,
     drop_path_rates,
     fuse_q_kv,
     resize_tables_to_model,
@@ -345,16 +346,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
 
 def _create_flatten_pvt(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvt:
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    kwargs = route_pretrained_to_model(kwargs)
-    return build_model_with_cfg(
-        FlattenPvt,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg={"feature_cls": "getter", "out_indices": out_indices},
-        **kwargs,
-    )
+    return create_flatten_model(FlattenPvt, variant, pretrained, checkpoint_filter_fn, (0, 1, 2, 3), **kwargs)
 
 
 def _pvt_cfg(**kwargs) -> dict[str, Any]:

@@ -24,19 +24,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import ClassifierHead, DropPath, to_2tuple, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
-from linvit.models._checkpoint import load_pretrained_file, route_pretrained_to_model
+from linvit.models._checkpoint import load_pretrained_file
 from linvit.models._flatten_common import (
     ClassifierHeadMixin,
     conv_stage_grids,
+    create_flatten_model,
     drop_path_rates,
+    flatten_cfg,
     fuse_q_kv,
     resize_tables_to_model,
     set_attention_grid,
@@ -373,36 +374,21 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
 
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    kwargs = route_pretrained_to_model(kwargs)
-    return build_model_with_cfg(
-        FlattenPvtV2,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg={"feature_cls": "getter", "out_indices": out_indices},
-        **kwargs,
-    )
+    return create_flatten_model(FlattenPvtV2, variant, pretrained, checkpoint_filter_fn, (0, 1, 2, 3), **kwargs)
 
 
 def _cfg(**kwargs) -> dict[str, Any]:
-    return {
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": (7, 7),
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "stages.0.patch_embed.proj",
-        "classifier": "head.fc",
-        "fixed_input_size": False,
-        "custom_load": True,
-        "license": "apache-2.0",
-        "paper_ids": ["arXiv:2308.00442", "arXiv:2106.13797"],
-        "paper_name": "FLatten Transformer: Vision Transformer using Focused Linear Attention",
-        **kwargs,
-    }
+    return flatten_cfg(
+        **{
+            "pool_size": (7, 7),
+            "crop_pct": 0.9,
+            "first_conv": "stages.0.patch_embed.proj",
+            "classifier": "head.fc",
+            "license": "apache-2.0",
+            "paper_ids": ["arXiv:2308.00442", "arXiv:2106.13797"],
+            **kwargs,
+        }
+    )
 
 
 # Of this family the authors released only FLatten-PVTv2-B0 (Tsinghua Cloud link in `origin_url`; timm cannot fetch it
