@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
     DropPath,
     Mlp,
@@ -32,13 +31,14 @@ from timm.layers import (
     to_2tuple,
     trunc_normal_,
 )
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
-from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file, route_pretrained_to_model
+from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
+from linvit.models._flatten_common import create_flatten_model, flatten_cfg
 from linvit.models._validation import check_image_batch
 
 __all__ = ["FLattenDeiT", "FLattenDeiTAttention", "FLattenDeiTBlock", "checkpoint_filter_fn"]
@@ -471,36 +471,21 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FLattenDeiT) -> dict
 
 # ---------------------------------------------------------------------- registration
 def _create_flatten_deit(variant: str, pretrained: bool = False, **kwargs: Any) -> FLattenDeiT:
-    out_indices = kwargs.pop("out_indices", 3)
-    kwargs = route_pretrained_to_model(kwargs)
-    return build_model_with_cfg(
-        FLattenDeiT,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
-        **kwargs,
-    )
+    return create_flatten_model(FLattenDeiT, variant, pretrained, checkpoint_filter_fn, 3, **kwargs)
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": None,
-        "crop_pct": 0.875,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "license": "apache-2.0",
-        "paper_ids": "arXiv:2308.00442",
-        "paper_name": "FLatten Transformer: Vision Transformer using Focused Linear Attention",
-        "custom_load": True,
-        **kwargs,
-    }
+    return flatten_cfg(
+        **{
+            "pool_size": None,
+            "crop_pct": 0.875,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+            "license": "apache-2.0",
+            "paper_ids": "arXiv:2308.00442",
+            **kwargs,
+        }
+    )
 
 
 default_cfgs = generate_default_cfgs(

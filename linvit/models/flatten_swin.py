@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, PatchEmbed, to_2tuple, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.attention import FocusedLinearAttention, WindowAttention
-from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file, route_pretrained_to_model
+from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
+from linvit.models._flatten_common import create_flatten_model, flatten_cfg
 from linvit.models._validation import check_image_batch
 
 __all__ = ["FLattenSwinTransformer", "FLattenSwinBlock", "FLattenSwinStage", "PatchMerging", "checkpoint_filter_fn"]
@@ -574,39 +574,32 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FLattenSwinTransform
 
 # ---------------------------------------------------------------------- registration
 def _create_flatten_swin(variant: str, pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
-    depths = kwargs.get("depths", (2, 2, 6, 2))
-    out_indices = kwargs.pop("out_indices", tuple(range(len(depths))))
-    kwargs = route_pretrained_to_model(kwargs)  # the authors' files need the model's own (safe) loader
-    return build_model_with_cfg(
+    out_indices = tuple(range(len(kwargs.get("depths", (2, 2, 6, 2)))))
+    # the authors' files need the model's own (safe) loader: create_flatten_model routes them there
+    return create_flatten_model(
         FLattenSwinTransformer,
         variant,
         pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg={"flatten_sequential": True, "out_indices": out_indices, "feature_cls": "getter"},
+        checkpoint_filter_fn,
+        out_indices,
+        flatten_sequential=True,
         **kwargs,
     )
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": (7, 7),
-        "crop_pct": 0.875,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "license": "mit",
-        "paper_ids": "arXiv:2308.00442",
-        "paper_name": "FLatten Transformer: Vision Transformer using Focused Linear Attention",
-        "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer",
-        # The released weights are the authors' training checkpoints; the model reads them itself (safely).
-        "custom_load": True,
-        **kwargs,
-    }
+    return flatten_cfg(
+        **{
+            "pool_size": (7, 7),
+            "crop_pct": 0.875,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+            "license": "mit",
+            "paper_ids": "arXiv:2308.00442",
+            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer",
+            **kwargs,
+        }
+    )
 
 
 # Sizes at the native resolution, linvit vs the paper: params 29.19M / 50.51M / 88.97M / 91.43M (29.2 / 50.5 / 89.0 /
