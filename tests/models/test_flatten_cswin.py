@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 import types
 
 import pytest
 import timm
 import torch
+from _flatten_testing import (
+    assert_classifier_api,
+    assert_every_parameter_gets_a_gradient,
+    assert_fx_feature_extraction_matches_eager,
+    assert_grad_checkpointing_keeps_outputs,
+    assert_torchscript_matches_eager,
+)
 from torch import nn
 
 import linvit.models.flatten_cswin
@@ -427,18 +433,11 @@ def test_forward_intermediates_consistent():
 
 
 def test_every_parameter_gets_a_gradient():
-    model = _small(num_classes=5, drop_path_rate=0.1)
-    model(torch.randn(2, 3, 50, 70)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
-    assert missing == []
+    assert_every_parameter_gets_a_gradient(_small(num_classes=5, drop_path_rate=0.1), torch.randn(2, 3, 50, 70))
 
 
 def test_grad_checkpointing_keeps_outputs():
-    model = _randomize(_small()).eval()
-    x = torch.randn(1, 3, 64, 80)
-    expected = model(x)
-    model.set_grad_checkpointing(True)
-    torch.testing.assert_close(model(x), expected)
+    assert_grad_checkpointing_keeps_outputs(_randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
 
 
 def test_set_input_size_resizes_tables_and_keeps_outputs():
@@ -454,47 +453,15 @@ def test_set_input_size_resizes_tables_and_keeps_outputs():
 
 
 def test_timm_api():
-    model = _small(num_classes=7)
-    assert model.get_classifier().out_features == 7
-    model.reset_classifier(3)
-    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)
-    model.reset_classifier(0)
-    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 128)
-    model.to(torch.float64)
-    model.reset_classifier(0)
-    model.reset_classifier(2)  # the new head follows the model's dtype even though the old one had no parameters
-    assert model.get_classifier().weight.dtype == torch.float64
-    names = [name for name, _ in model.named_parameters()]
-    for pattern in model.no_weight_decay():
-        assert any(fnmatch.fnmatch(name, pattern) for name in names), pattern
-    assert len(timm.models.group_parameters(model, model.group_matcher())) > 2
-    with pytest.raises(TypeError):
-        timm.create_model("flatten_cswin_tiny_224", not_an_argument=1)
+    assert_classifier_api(_small(num_classes=7), 128, "flatten_cswin_tiny_224")
 
 
 def test_torchscript_matches_eager():
-    model = _randomize(_small()).eval()
-    scripted = torch.jit.script(model)
-    x = torch.randn(1, 3, 60, 90)
-    torch.testing.assert_close(scripted(x), model(x))
+    assert_torchscript_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
 
 
 def test_fx_feature_extraction_matches_eager():
-    from timm.models import get_notrace_functions, get_notrace_modules
-    from torchvision.models.feature_extraction import create_feature_extractor
-
-    model = _randomize(_small()).eval()
-    tracer_kwargs = {"leaf_modules": list(get_notrace_modules()), "autowrap_functions": list(get_notrace_functions())}
-    extractor = create_feature_extractor(
-        model, return_nodes={"stages.1": "s1", "head.fc": "logits"}, tracer_kwargs=tracer_kwargs
-    )
-    x = torch.randn(1, 3, 60, 90)
-    with torch.no_grad():
-        traced = extractor(x)
-        torch.testing.assert_close(traced["logits"], model(x))
-        torch.testing.assert_close(
-            traced["s1"], model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
-        )
+    assert_fx_feature_extraction_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
 
 
 def test_smallest_input_is_3x3_and_smaller_ones_name_the_minimum():
