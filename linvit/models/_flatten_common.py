@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +30,9 @@ __all__ = [
     "drop_path_rates",
     "flatten_cfg",
     "fuse_q_kv",
+    "is_converted",
+    "one_based_stage",
+    "rename_keys",
     "resize_tables_to_model",
     "set_attention_grid",
     "unwrap_checkpoint",
@@ -108,6 +113,34 @@ def fuse_q_kv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 raise ValueError(f"checkpoint has {key} but no {kv_key}; the authors' PVT attention has both.")
             out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([value, state_dict[kv_key]], dim=0)
             continue
+        out[key] = value
+    return out
+
+
+def is_converted(state_dict: dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict is already in linvit's layout (its stages under `stages.`), not the authors'."""
+    return any(key.startswith("stages.") for key in state_dict)
+
+
+def one_based_stage(template: str) -> Callable[[re.Match], str]:
+    """A `re.sub` replacement for the authors' 1-based stage numbers: group 1 becomes `{stage}` (0-based) and group 2,
+    if any, `{index}` in `template`."""
+
+    def replace(match: re.Match) -> str:
+        index = match.group(2) if match.re.groups > 1 else ""
+        return template.format(stage=int(match.group(1)) - 1, index=index)
+
+    return replace
+
+
+def rename_keys(
+    state_dict: dict[str, torch.Tensor], rules: Sequence[tuple[str, str | Callable[[re.Match], str]]]
+) -> dict[str, torch.Tensor]:
+    """Every key rewritten by the `(pattern, replacement)` rules of `re.sub`, applied in order."""
+    out = {}
+    for key, value in state_dict.items():
+        for pattern, replacement in rules:
+            key = re.sub(pattern, replacement, key)
         out[key] = value
     return out
 

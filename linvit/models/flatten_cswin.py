@@ -24,7 +24,6 @@ fixed by the stage index, not by `img_size`, so any checkpoint loads at any reso
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +51,9 @@ from linvit.models._flatten_common import (
     create_flatten_model,
     drop_path_rates,
     flatten_cfg,
+    is_converted,
+    one_based_stage,
+    rename_keys,
     resize_tables_to_model,
     set_attention_grid,
     unwrap_checkpoint,
@@ -502,17 +504,17 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     was built for another resolution.
     """
     state_dict = unwrap_checkpoint(state_dict)
-    if any(key.startswith("stages.") for key in state_dict):
+    if is_converted(state_dict):
         return resize_tables_to_model(dict(state_dict), model)
-    out = {}
-    for key, value in state_dict.items():
-        key = key.replace("stage1_conv_embed.0.", "stem.conv.").replace("stage1_conv_embed.2.", "stem.norm.")
-        key = re.sub(r"^merge(\d+)\.", lambda m: f"stages.{m.group(1)}.downsample.", key)
-        key = re.sub(r"^stage(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
-        key = re.sub(r"\.attns\.0\.(scale|positional_encoding|dwc\.)", r".attns.0.focused.\1", key)
-        key = re.sub(r"^head\.", "head.fc.", key)
-        out[key] = value
-    return resize_tables_to_model(out, model)
+    rules = [
+        (r"stage1_conv_embed\.0\.", "stem.conv."),
+        (r"stage1_conv_embed\.2\.", "stem.norm."),
+        (r"^merge(\d+)\.", r"stages.\1.downsample."),
+        (r"^stage(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+        (r"\.attns\.0\.(scale|positional_encoding|dwc\.)", r".attns.0.focused.\1"),
+        (r"^head\.", "head.fc."),
+    ]
+    return resize_tables_to_model(rename_keys(state_dict, rules), model)
 
 
 def _create_flatten_cswin(variant: str, pretrained: bool = False, **kwargs) -> FlattenCSwin:

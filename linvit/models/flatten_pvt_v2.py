@@ -19,7 +19,6 @@ themselves.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +38,9 @@ from linvit.models._flatten_common import (
     drop_path_rates,
     flatten_cfg,
     fuse_q_kv,
+    is_converted,
+    one_based_stage,
+    rename_keys,
     resize_tables_to_model,
     set_attention_grid,
     unwrap_checkpoint,
@@ -360,17 +362,16 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     and `head`, and resizes the positional encodings when the model was built for another resolution.
     """
     state_dict = unwrap_checkpoint(state_dict)
-    if any(key.startswith("stages.") for key in state_dict):
+    if is_converted(state_dict):
         return resize_tables_to_model(dict(state_dict), model)
-    out = {}
-    for key, value in fuse_q_kv(state_dict).items():
-        key = re.sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed.", key)
-        key = re.sub(r"^block(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
-        key = re.sub(r"^norm(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.norm.", key)
-        key = key.replace(".mlp.dwconv.dwconv.", ".mlp.dwconv.")
-        key = re.sub(r"^head\.", "head.fc.", key)
-        out[key] = value
-    return resize_tables_to_model(out, model)
+    rules = [
+        (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
+        (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+        (r"^norm(\d+)\.", one_based_stage("stages.{stage}.norm.")),
+        (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
+        (r"^head\.", "head.fc."),
+    ]
+    return resize_tables_to_model(rename_keys(fuse_q_kv(state_dict), rules), model)
 
 
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
