@@ -22,7 +22,6 @@ Differences from the authors' code that do not change outputs at their resolutio
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +38,9 @@ from linvit.models._flatten_common import (
     create_flatten_model,
     drop_path_rates,
     fuse_q_kv,
+    is_converted,
+    one_based_stage,
+    rename_keys,
     resize_tables_to_model,
     set_attention_grid,
     unwrap_checkpoint,
@@ -330,18 +332,18 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     drops the never-used final `norm`, and resizes position tables when the model was built for another size.
     """
     state_dict = unwrap_checkpoint(state_dict)
-    if any(key.startswith("stages.") for key in state_dict):
+    if is_converted(state_dict):
         out = dict(state_dict)
     else:
-        out = {}
-        for key, value in fuse_q_kv(state_dict).items():
-            if key.startswith("norm."):
-                continue  # built but never applied by the authors' model
-            key = re.sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed.", key)
-            key = re.sub(r"^pos_embed(\d+)$", lambda m: f"stages.{int(m.group(1)) - 1}.pos_embed", key)
-            key = re.sub(r"^block(\d+)\.(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.", key)
-            key = re.sub(r"^head\.", "head.fc.", key)
-            out[key] = value
+        # the authors' final norm is built but never applied by their model
+        used = {key: value for key, value in fuse_q_kv(state_dict).items() if not key.startswith("norm.")}
+        rules = [
+            (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
+            (r"^pos_embed(\d+)$", one_based_stage("stages.{stage}.pos_embed")),
+            (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+            (r"^head\.", "head.fc."),
+        ]
+        out = rename_keys(used, rules)
     return resize_tables_to_model(_resize_pos_embeds_to_model(out, model), model)
 
 
