@@ -35,6 +35,7 @@ __all__ = [
     "rename_keys",
     "resize_tables_to_model",
     "set_attention_grid",
+    "stage_model_cfg",
     "unwrap_checkpoint",
 ]
 
@@ -205,6 +206,22 @@ def flatten_cfg(**kwargs: Any) -> dict[str, Any]:
         "custom_load": True,
         **kwargs,
     }
+
+
+def stage_model_cfg(first_conv: str, license: str, paper_id: str, **kwargs: Any) -> dict[str, Any]:
+    """`flatten_cfg` of the pyramid families with a timm `ClassifierHead` (PVT, PVTv2, CSwin): 7x7 final map, crop
+    0.9, the FLatten paper and the base architecture's `paper_id`."""
+    return flatten_cfg(
+        **{
+            "pool_size": (7, 7),
+            "crop_pct": 0.9,
+            "first_conv": first_conv,
+            "classifier": "head.fc",
+            "license": license,
+            "paper_ids": ["arXiv:2308.00442", paper_id],
+            **kwargs,
+        }
+    )
 
 
 def create_flatten_model(

@@ -50,12 +50,12 @@ from linvit.models._flatten_common import (
     conv_stage_grids,
     create_flatten_model,
     drop_path_rates,
-    flatten_cfg,
     is_converted,
     one_based_stage,
     rename_keys,
     resize_tables_to_model,
     set_attention_grid,
+    stage_model_cfg,
     unwrap_checkpoint,
 )
 from linvit.models._validation import check_image_batch
@@ -522,17 +522,7 @@ def _create_flatten_cswin(variant: str, pretrained: bool = False, **kwargs) -> F
 
 
 def _cfg(**kwargs) -> dict[str, Any]:
-    return flatten_cfg(
-        **{
-            "pool_size": (7, 7),
-            "crop_pct": 0.9,
-            "first_conv": "stem.conv",
-            "classifier": "head.fc",
-            "license": "mit",
-            "paper_ids": ["arXiv:2308.00442", "arXiv:2107.00652"],
-            **kwargs,
-        }
-    )
+    return stage_model_cfg("stem.conv", "mit", "arXiv:2107.00652", **kwargs)
 
 
 # Of this family the authors released only FLatten-CSwin-T (Tsinghua Cloud link in `origin_url`; timm cannot fetch it

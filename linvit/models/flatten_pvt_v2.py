@@ -36,13 +36,13 @@ from linvit.models._flatten_common import (
     conv_stage_grids,
     create_flatten_model,
     drop_path_rates,
-    flatten_cfg,
     fuse_q_kv,
     is_converted,
     one_based_stage,
     rename_keys,
     resize_tables_to_model,
     set_attention_grid,
+    stage_model_cfg,
     unwrap_checkpoint,
 )
 from linvit.models._validation import check_image_batch
@@ -379,17 +379,7 @@ def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> 
 
 
 def _cfg(**kwargs) -> dict[str, Any]:
-    return flatten_cfg(
-        **{
-            "pool_size": (7, 7),
-            "crop_pct": 0.9,
-            "first_conv": "stages.0.patch_embed.proj",
-            "classifier": "head.fc",
-            "license": "apache-2.0",
-            "paper_ids": ["arXiv:2308.00442", "arXiv:2106.13797"],
-            **kwargs,
-        }
-    )
+    return stage_model_cfg("stages.0.patch_embed.proj", "apache-2.0", "arXiv:2106.13797", **kwargs)
 
 
 # Of this family the authors released only FLatten-PVTv2-B0 (Tsinghua Cloud link in `origin_url`; timm cannot fetch it
