@@ -27,12 +27,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import ClassifierHead, DropPath, Mlp, register_notrace_function, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, register_notrace_function, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from linvit.attention import FocusedLinearAttention
 from linvit.models._checkpoint import load_pretrained_file
 from linvit.models._flatten_common import (
     create_flatten_model,
@@ -45,7 +44,7 @@ from linvit.models._flatten_common import (
     set_attention_grid,
     unwrap_checkpoint,
 )
-from linvit.models.flatten_pvt_v2 import FlattenPvtV2, _cfg
+from linvit.models.flatten_pvt_v2 import FlattenPvtV2, FlattenPvtV2Block, _cfg
 
 __all__ = ["FlattenPvt", "checkpoint_filter_fn"]
 
@@ -94,48 +93,20 @@ class PatchEmbed(nn.Module):
         return self.norm(x.flatten(2).transpose(1, 2)), hw
 
 
-class FlattenPvtBlock(nn.Module):
-    """Pre-norm block: focused linear attention over all tokens, then a plain MLP."""
+class TokenMlp(nn.Module):
+    """fc1 -> GELU -> fc2 on tokens (PVT v1's feed-forward); takes hw like PVTv2's MLP so both share one block."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        pos_size: tuple[int, int],
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        focusing_factor: float = 3.0,
-        dwc_kernel_size: int = 5,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device=None, dtype=None):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = FocusedLinearAttention(
-            dim,
-            num_heads,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            focusing_factor=focusing_factor,
-            dwc_kernel_size=dwc_kernel_size,
-            pos_encoding="learnable",
-            pos_size=pos_size,
-            **dd,
-        )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.fc1 = nn.Linear(dim, hidden_dim, **dd)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim, **dd)
+        self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
 class FlattenPvtStage(nn.Module):
@@ -169,7 +140,7 @@ class FlattenPvtStage(nn.Module):
         self.pos_drop = nn.Dropout(pos_drop)
         self.blocks = nn.ModuleList(
             [
-                FlattenPvtBlock(
+                FlattenPvtV2Block(
                     dim,
                     num_heads,
                     pos_size,
@@ -180,6 +151,7 @@ class FlattenPvtStage(nn.Module):
                     proj_drop=proj_drop,
                     attn_drop=attn_drop,
                     drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    mlp_layer=TokenMlp,
                     **dd,
                 )
                 for i in range(depth)

@@ -102,7 +102,10 @@ class MlpWithDepthwiseConv(nn.Module):
 
 
 class FlattenPvtV2Block(nn.Module):
-    """Pre-norm block: focused linear attention over all tokens, then the depthwise-conv MLP."""
+    """Pre-norm block: focused linear attention over all tokens, then an MLP taking (tokens, hw).
+
+    PVTv2 uses the depthwise-conv MLP (the default); PVT v1 passes its plain MLP (`flatten_pvt.TokenMlp`).
+    """
 
     def __init__(
         self,
@@ -116,6 +119,7 @@ class FlattenPvtV2Block(nn.Module):
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
+        mlp_layer: type[nn.Module] = MlpWithDepthwiseConv,
         device=None,
         dtype=None,
     ):
@@ -136,7 +140,7 @@ class FlattenPvtV2Block(nn.Module):
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = MlpWithDepthwiseConv(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
