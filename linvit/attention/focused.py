@@ -14,9 +14,12 @@ layout; the focusing norms run over the contiguous last dimension; and v is a ch
 which runs as one depthwise conv over all C channels with the shared (d, 1, k, k) kernel tiled over the heads
 (channel head·d + j uses kernel j: exactly the per-head conv of the reference). The reference's permute/contiguous
 copies between (B, N, C), (B, h, N, d) and (B·h, d, H, W), which cost as much as its matmuls on a CPU, are gone.
-With autograd off, the focusing map overwrites q and k inside the module's own qkv buffer and the attention output
-is accumulated into the DWC output, so inference allocates few large temporaries (on CPUs each new large block can
-page-fault again, which costs as much as the arithmetic).
+With autograd off, the map's shift and temperature go into the projection, (x Wᵀ + b + eps) / s ==
+x (W/s)ᵀ + (b + eps)/s (a 3C×C op on the weights instead of two passes over the queries and keys; float32 only, as
+under fp16 autocast W/s could overflow), so relu(·) + eps over s is one clamp; the map then runs in place on q|k
+inside the module's own qkv buffer, and the attention output is accumulated into the DWC output, so inference
+allocates few large temporaries (on CPUs each new large block can page-fault again, which costs as much as the
+arithmetic). With autograd on, the map runs out of place on the raw q, k in the order whose backward is cheapest.
 """
 
 import torch
@@ -34,7 +37,7 @@ from linvit.attention._windows import (
     window_partition,
     window_reverse,
 )
-from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map, focused_feature_parts
+from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map
 from linvit.attention.linear import linear_attention_tokens
 
 __all__ = ["FocusedLinearAttention", "POS_ENCODINGS", "resize_positional_table"]
@@ -62,62 +65,151 @@ def resize_positional_table(table: Tensor, table_size: tuple[int, int], size: tu
     return image.permute(0, 2, 3, 1).reshape(1, size[0] * size[1], channels).to(table.dtype)
 
 
+def _can_fold_temperature(x: Tensor, weight: Tensor) -> bool:
+    """Whether the temperature may go into the qkv weights: a float32/float64 projection with autocast off.
+
+    Under autocast the projection runs in fp16/bf16, where weights divided by a small temperature could overflow;
+    there the temperature is applied after the cast to float32 instead.
+    """
+    if torch.jit.is_scripting():
+        return False
+    if x.dtype != weight.dtype or not (x.dtype == torch.float32 or x.dtype == torch.float64):
+        return False
+    return not torch.is_autocast_enabled(autocast_device_type(x))
+
+
+def scale_queries_keys(qk: Tensor, inverse_temperature: Tensor, feature_eps: float) -> Tensor:
+    """(q|k + eps) / s for the raw (B, n, 2C) q|k, as a new tensor in at least float32 (one pass)."""
+    inverse = at_least_float32(inverse_temperature).repeat(2)
+    return torch.addcmul(inverse * feature_eps, qk, inverse)
+
+
+@torch.fx.wrap
+def focused_projection(
+    x: Tensor, weight: Tensor, bias: Tensor | None, inverse_temperature: Tensor, feature_eps: float
+) -> tuple[Tensor, Tensor]:
+    """The qkv projection with the focused map's shift and temperature applied: returns (qk, v).
+
+    qk (B, n, 2C) holds (q + eps) / s | (k + eps) / s in at least float32, in a buffer of this call's own; v (B, n, C)
+    is the projection's v. In float32 the 1/s and eps go into the weights and bias (a 3C×C op) instead of two
+    passes over the 2C×n queries and keys: x (W/s)ᵀ + (b + eps)/s == (x Wᵀ + b + eps)/s.
+    """
+    dim = weight.shape[0] // 3
+    if _can_fold_temperature(x, weight):
+        inverse = inverse_temperature.repeat(2)
+        folded_weight = torch.cat([weight[: 2 * dim] * inverse.unsqueeze(-1), weight[2 * dim :]])
+        qk_bias = inverse * feature_eps
+        value_bias = torch.zeros_like(inverse[:dim])
+        if bias is not None:
+            qk_bias = torch.addcmul(qk_bias, bias[: 2 * dim], inverse)
+            value_bias = bias[2 * dim :]
+        qk, v = F.linear(x, folded_weight, torch.cat([qk_bias, value_bias])).split([2 * dim, dim], dim=-1)
+        return qk, v
+    qk, v = F.linear(x, weight, bias).split([2 * dim, dim], dim=-1)
+    return scale_queries_keys(qk, inverse_temperature, feature_eps), v
+
+
+def _focused_features(
+    qk: Tensor, key_position: Tensor | None, inverse: Tensor, power: float, feature_eps: float, prescaled: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The focused map of q and k: returns (q^p, k^p · α_k, α_q), α = ‖x‖ / ‖x^p‖ per token (see the module)."""
+    channels = qk.shape[-1] // 2
+    grad = torch.is_grad_enabled()
+    if prescaled and not grad:
+        # q|k = (x + eps) / s is this call's own buffer: the map runs in place, on both halves in each pass;
+        # relu(x) + eps, over s, is max((x + eps) / s, eps / s) for s > 0
+        if key_position is not None:
+            qk[..., channels:].addcmul_(key_position, inverse)
+        qk = qk.clamp_min_((inverse * feature_eps).repeat(2))
+        q, k = qk[..., :channels], qk[..., channels:]
+        q_norm = torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)  # on (B, n, C) views: a reduction over
+        k_norm = torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)  # (B, n, 2, C) is far slower on CPUs
+        if power != 1.0:
+            qk.pow_(power)
+    else:
+        # out of place, in the order whose backward is cheapest (relu's is one masked pass; a tensor max's is not)
+        q, k = qk.unflatten(-1, (2, channels)).unbind(-2)
+        if prescaled:
+            if key_position is not None:
+                k = k + key_position * inverse
+            floor = inverse * feature_eps
+            q, k = torch.maximum(q, floor), torch.maximum(k, floor)
+        else:
+            if key_position is not None:
+                k = k + key_position
+            q = (F.relu(q) + feature_eps) * inverse
+            k = (F.relu(k) + feature_eps) * inverse
+        q_norm = torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)
+        k_norm = torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)
+        if power != 1.0:
+            q, k = q.pow(power), k.pow(power)
+    q_factor = q_norm / torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)  # (B, n, 1)
+    k_factor = k_norm / torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)
+    # q's factor folds into the small per-token normaliser; k's must scale k itself (it is summed over tokens)
+    k = k.mul_(k_factor) if prescaled and not grad else k * k_factor
+    return q, k, q_factor
+
+
 def _focused_core(
-    q: Tensor,
-    k: Tensor,
+    qk: Tensor,
     v: Tensor,
-    scale: Tensor,
+    inverse_temperature: Tensor,
+    key_position: Tensor | None,
     num_heads: int,
     focusing_factor: float,
     key_mask: Tensor | None,
     eps: float,
+    feature_eps: float,
     residual: Tensor | None,
-    in_place: bool,
+    prescaled: bool,
 ) -> Tensor:
-    batch, tokens, channels = q.shape
-    # In place only on tensors this call owns: q and k when the caller says so (views of its own qkv output), or
-    # their float32 copies under autocast; and never with autograd on.
-    grad = torch.is_grad_enabled()
-    q_in_place = not grad and (in_place or q.dtype == torch.float16 or q.dtype == torch.bfloat16)
-    k_in_place = not grad and (in_place or k.dtype == torch.float16 or k.dtype == torch.bfloat16)
-    q = at_least_float32(q)
-    k = at_least_float32(k)
+    batch, tokens, channels = v.shape
+    inverse = at_least_float32(inverse_temperature)
+    qk = at_least_float32(qk)
     v = at_least_float32(v)
-    scale = at_least_float32(scale)
-    q_p, q_factor = focused_feature_parts(q, scale, focusing_factor, in_place=q_in_place)  # norms over all C
-    k_p, k_factor = focused_feature_parts(k, scale, focusing_factor, in_place=k_in_place)
+    if key_position is not None:
+        key_position = at_least_float32(key_position)
+    q, k, q_factor = _focused_features(qk, key_position, inverse, focusing_factor, feature_eps, prescaled)
     heads = (batch, tokens, num_heads, channels // num_heads)
-    k_p = k_p * k_factor if grad else k_p.mul_(k_factor)
     if residual is not None:
         residual = residual.view(heads)
     out = linear_attention_tokens(
-        q_p.view(heads), k_p.view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual, True
+        q.view(heads), k.view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual, True
     )
     return out.view(batch, tokens, channels)
 
 
 @torch.fx.wrap
 def focused_linear_core(
-    q: Tensor,
-    k: Tensor,
+    qk: Tensor,
     v: Tensor,
-    scale: Tensor,
+    inverse_temperature: Tensor,
+    key_position: Tensor | None,
     num_heads: int,
     focusing_factor: float,
     key_mask: Tensor | None,
     eps: float,
+    feature_eps: float = 1e-6,
     residual: Tensor | None = None,
-    in_place: bool = False,
+    prescaled: bool = False,
 ) -> Tensor:
-    """Focused map + linear attention (+ residual) on (B, N, C) q, k, v, float32 with autocast off; returns float32.
+    """Focused map + linear attention (+ residual), float32 with autocast off; returns float32 (B, n, C).
 
-    in_place: q and k belong to the caller's own temporary (the qkv output) and may be overwritten when autograd is
-    off; the residual is always accumulated into (it must be a temporary of the caller).
+    qk: (B, n, 2C) q|k. Raw with prescaled=False; with prescaled=True already shifted and scaled, (· + eps) / s with
+    s the temperature (see `focused_projection`), and owned by the caller: overwritten when autograd is off.
+    v: (B, n, C). inverse_temperature: 1/s, (C,). key_position: a positional encoding P (broadcast to (B, n, C))
+    added to the keys, or None. residual: accumulated into (it must be a temporary of the caller).
     """
     if torch.jit.is_scripting():
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
-    with torch.autocast(device_type=autocast_device_type(q), enabled=False):
-        return _focused_core(q, k, v, scale, num_heads, focusing_factor, key_mask, eps, residual, in_place)
+        return _focused_core(
+            qk, v, inverse_temperature, key_position, num_heads, focusing_factor, key_mask, eps, feature_eps,
+            residual, prescaled,
+        )  # fmt: skip
+    with torch.autocast(device_type=autocast_device_type(qk), enabled=False):
+        return _focused_core(
+            qk, v, inverse_temperature, key_position, num_heads, focusing_factor, key_mask, eps, feature_eps,
+            residual, prescaled,
+        )  # fmt: skip
 
 
 @torch.fx.wrap
@@ -218,6 +310,7 @@ class FocusedLinearAttention(nn.Module):
         self.kernel = kernel
         self.focusing_factor = float(focusing_factor)
         self.eps = eps
+        self.feature_eps = 1e-6  # relu(x) + 1e-6 in the focused map (the authors' constant)
         self.window_size: tuple[int, int] | None = None
         if window_size is not None:
             self.window_size = to_pair(window_size, "window_size")
@@ -306,43 +399,58 @@ class FocusedLinearAttention(nn.Module):
 
     def _mix(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """The attention mixture of the tokens, before the output projection."""
-        qkv = x
-        owns_qkv = False
-        if self.qkv is not None:
-            qkv = self.qkv(x)
-            owns_qkv = not torch.is_grad_enabled()  # inference: q and k may be overwritten in the qkv buffer
-        q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)  # strided (B', n, C) views
-        k = self._add_positional_encoding(k, grid, key_mask, owns_qkv)
+        if self.feature_map is not None:
+            return self._mix_mapped(x, grid, key_mask)
+        assert self.scale is not None
+        inverse_temperature = 1.0 / F.softplus(at_least_float32(self.scale).view(-1))  # 1/s, (C,)
+        # Inference: the temperature and eps go into the projection and the map runs in place on its output;
+        # training: the raw q|k, in the order whose backward is cheapest.
+        prescaled = not torch.is_grad_enabled() and self.qkv is not None and self.positional_conv is None
+        if prescaled:
+            assert self.qkv is not None
+            qk, v = focused_projection(x, self.qkv.weight, self.qkv.bias, inverse_temperature, self.feature_eps)
+        else:
+            qkv = self.qkv(x) if self.qkv is not None else x
+            qk, v = qkv.split([2 * self.dim, self.dim], dim=-1)
+        key_position: Tensor | None = None
+        if self.positional_encoding is not None:
+            key_position = resize_positional_table(self.positional_encoding, self.pos_size, grid)  # (1, n, C)
+        elif self.positional_conv is not None:
+            key_position = self._positional_conv(qk[..., self.dim :], grid, key_mask)
         residual: Tensor | None = None
         if self.dwc is not None:
             residual = self._depthwise_conv_values(v, grid, key_mask)  # added inside the core's last pass
-        if self.feature_map is None:
-            out = focused_linear_core(
-                q, k, v, self.scale, self.num_heads, self.focusing_factor, key_mask, self.eps, residual, owns_qkv
-            )
-        else:
-            heads = (self.num_heads, self.head_dim)
-            q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True)
-            k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False)
-            if residual is not None:
-                residual = residual.unflatten(-1, heads)
-            out = mapped_linear_core(q_mapped, k_mapped, v.unflatten(-1, heads), key_mask, self.eps, residual)
-            out = out.flatten(2)
+        heads, power, eps, feature_eps = self.num_heads, self.focusing_factor, self.eps, self.feature_eps
+        out = focused_linear_core(
+            qk, v, inverse_temperature, key_position, heads, power, key_mask, eps, feature_eps, residual, prescaled
+        )
         return out.to(v.dtype)
 
-    def _add_positional_encoding(
-        self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None, in_place: bool = False
-    ) -> Tensor:
-        """k: (B', n, C); in_place: k is a view of the module's own qkv buffer and autograd is off."""
+    def _mix_mapped(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """_mix for the kernels other than focused: φ(q), φ(k) through the feature-map module."""
+        qkv = self.qkv(x) if self.qkv is not None else x
+        q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)  # strided (B', n, C) views
         if self.positional_encoding is not None:
-            table = resize_positional_table(self.positional_encoding, self.pos_size, grid)  # (1, n, C)
-            if in_place:
-                return k.add_(table.to(k.dtype))
-            return k + table.to(k.dtype)
-        if self.positional_conv is not None:
-            position = self.positional_conv(_channels_last_image(k, grid, key_mask))
-            return k + position.permute(0, 2, 3, 1).reshape(k.shape)
-        return k
+            k = k + resize_positional_table(self.positional_encoding, self.pos_size, grid).to(k.dtype)
+        elif self.positional_conv is not None:
+            k = k + self._positional_conv(k, grid, key_mask)
+        residual: Tensor | None = None
+        if self.dwc is not None:
+            residual = self._depthwise_conv_values(v, grid, key_mask)
+        assert self.feature_map is not None
+        heads = (self.num_heads, self.head_dim)
+        q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True)
+        k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False)
+        if residual is not None:
+            residual = residual.unflatten(-1, heads)
+        out = mapped_linear_core(q_mapped, k_mapped, v.unflatten(-1, heads), key_mask, self.eps, residual)
+        return out.flatten(2).to(v.dtype)
+
+    def _positional_conv(self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
+        """The conv positional encoding of the keys k (B', n, C), in token layout."""
+        assert self.positional_conv is not None
+        position = self.positional_conv(_channels_last_image(k, grid, key_mask))
+        return position.permute(0, 2, 3, 1).reshape(k.shape)
 
     def _depthwise_conv_values(self, v: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """DWC(v) for v (B', n, C), with one (d, 1, k, k) conv shared by the heads, as one conv over all C channels.

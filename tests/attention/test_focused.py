@@ -232,3 +232,55 @@ def test_inference_path_equals_autograd_path(kwargs):
     with torch.inference_mode():
         module(x, (5, 6))
     assert torch.equal(x, x_copy)  # the input is never written
+
+
+def test_prescaled_core_equals_raw_core_with_gradients():
+    """The two entry forms of the core, raw q|k and (q|k + eps) / s, agree in value and in every gradient.
+
+    The module feeds the prescaled form only without autograd, but an FX graph traced under no_grad keeps that
+    form when it is later trained, so its backward must be right too.
+    """
+    from linvit.attention.focused import focused_linear_core, scale_queries_keys
+
+    generator = torch.Generator().manual_seed(3)
+    qk = torch.randn(2, 12, 16, generator=generator, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 12, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    scale = torch.randn(8, generator=generator, dtype=torch.float64, requires_grad=True)
+    position = torch.randn(1, 12, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    def run(prescaled):
+        inverse = 1.0 / F.softplus(scale)
+        inputs = scale_queries_keys(qk, inverse, 1e-6) if prescaled else qk
+        return focused_linear_core(inputs, v, inverse, position, 2, 3.0, None, 1e-6, prescaled=prescaled)
+
+    raw, prescaled = run(False), run(True)
+    torch.testing.assert_close(prescaled, raw, rtol=1e-10, atol=1e-12)
+    grads = [torch.autograd.grad(out.square().sum(), (qk, v, scale, position)) for out in (raw, prescaled)]
+    for got, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10)
+    with torch.no_grad():  # the in-place inference form of the prescaled core
+        torch.testing.assert_close(run(True), raw, rtol=1e-10, atol=1e-12)
+
+
+def test_temperature_is_folded_into_the_projection_only_in_full_precision():
+    from linvit.attention.focused import _can_fold_temperature
+
+    weight = torch.randn(48, 16)
+    assert _can_fold_temperature(torch.randn(2, 16), weight)
+    assert not _can_fold_temperature(torch.randn(2, 16, dtype=torch.float64), weight)  # mixed dtypes: no
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _can_fold_temperature(torch.randn(2, 16), weight)  # the GEMM would run in bf16
+
+
+def test_focused_without_projections_equals_the_module_with_them():
+    """with_projections=False (shared q|k|v from the caller, as in HybridAttention) takes the unfolded path."""
+    full = _randomise(FocusedLinearAttention(16, 2, pos_size=(5, 6), dtype=torch.float64))
+    bare = FocusedLinearAttention(16, 2, pos_size=(5, 6), with_projections=False, dtype=torch.float64)
+    bare.load_state_dict({k: v for k, v in full.state_dict().items() if not k.startswith(("qkv.", "proj."))})
+    x = _tokens(2, (5, 6), 16)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            qkv = full.qkv(x)
+            qkv_copy = qkv.clone()
+            torch.testing.assert_close(full.proj(bare(qkv, (5, 6))), full(x, (5, 6)), rtol=1e-10, atol=1e-12)
+            assert torch.equal(qkv, qkv_copy)  # the caller's q|k|v is never written
