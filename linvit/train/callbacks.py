@@ -1,4 +1,4 @@
-"""Training callbacks: reproducible per-epoch randomness, learning-curve plot, atomic checkpoints, SIGTERM save.
+"""Training callbacks: reproducible per-step randomness, learning-curve plot, atomic checkpoints, SIGTERM save.
 
 Each idea is one callback, configured in ``configs/callbacks/``; reliability features (non-finite loss handling,
 preemption) fit in beside them.
@@ -22,18 +22,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 _log = logging.getLogger(__name__)
 
 
-class EpochReseed(Callback):
-    """Reseed torch, numpy and random at the start of every training epoch from ``(seed, epoch, rank)``.
+class StepReseed(Callback):
+    """Reseed torch, numpy and random before every training step from ``(seed, global_step, rank)``.
 
-    The randomness of an epoch (augmentation, mixup, drop path, worker seeds) then depends on nothing the process
-    did before, so a run resumed from an epoch-end checkpoint continues exactly as the uninterrupted run.
+    The randomness of a step (drop path, dropout, mixup) then depends on nothing the process did before it, so a run
+    resumed from any checkpoint, at an epoch boundary or in the middle of an epoch, continues exactly as the
+    uninterrupted run. (The data side: :class:`linvit.train.datasets.SeededSamples` seeds each sample's augmentation
+    from its key, and the sampler skips the samples a resumed run already trained on.)
     """
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        value = (self.seed * 1_000_003 + trainer.current_epoch * 1_009 + trainer.global_rank) % (2**31)
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        value = (self.seed * 1_000_003 + trainer.global_step * 1_009 + trainer.global_rank) % (2**31)
         random.seed(value)
         np.random.seed(value)
         torch.manual_seed(value)

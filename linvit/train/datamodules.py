@@ -28,6 +28,7 @@ from linvit.train.datasets import (
     FASHION_MNIST_DIR,
     ArrayImageDataset,
     EpochSeededSampler,
+    SeededSamples,
     load_digits_arrays,
     load_fashion_mnist_arrays,
     stratified_split,
@@ -93,6 +94,8 @@ class ClassificationDataModule(LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self._train_sampler: EpochSeededSampler | None = None
+        self._resume: dict[str, int] | None = None  # from a mid-epoch checkpoint, for the next train loader
 
     # -- what the model and the exported weights need to know ------------------------------------------------
     def data_config(self) -> dict[str, Any]:
@@ -111,12 +114,29 @@ class ClassificationDataModule(LightningDataModule):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        # Saved in every checkpoint, so that an export knows the preprocessing and the class names.
-        return {"data_config": self.data_config(), "class_names": list(self.class_names)}
+        # Saved in every checkpoint, so that an export knows the preprocessing and the class names, and so that a
+        # run resumed from a mid-epoch checkpoint (SIGTERM, every_n_train_steps) goes on with the unseen samples.
+        state: dict[str, Any] = {"data_config": self.data_config(), "class_names": list(self.class_names)}
+        resume = self._mid_epoch_position()
+        if resume is not None:
+            state["resume"] = resume
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("class_names"):
             self.class_names = list(state_dict["class_names"])
+        self._resume = state_dict.get("resume")
+
+    def _mid_epoch_position(self) -> dict[str, int] | None:
+        """The epoch and the samples of it already trained on (all ranks), when saved in the middle of an epoch."""
+        trainer, sampler = self.trainer, self._train_sampler
+        if trainer is None or sampler is None or trainer.state.fn != "fit":
+            return None
+        # `processed` counts the batch whose on_train_batch_end is saving the checkpoint (`completed` does not yet)
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if batches <= 0 or batches >= trainer.num_training_batches:
+            return None  # at an epoch boundary: the next epoch starts from its beginning anyway
+        return {"epoch": sampler.epoch, "samples": batches * self.batch_size * trainer.world_size}
 
     def _check_num_classes(self, found: int, where: str) -> None:
         if found != self.num_classes:
@@ -130,10 +150,18 @@ class ClassificationDataModule(LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() has not created this split; call setup() first.")
         # a dataset that skips unreadable files reports them once per pass over the data
         loader_class = ReportingDataLoader if hasattr(dataset, "report_bad_files") else DataLoader
+        sampler = None
+        if train:
+            resume, self._resume = self._resume or {}, None  # a resume point serves the first loader only
+            sampler = EpochSeededSampler(
+                len(dataset), seed=self.seed, resume_epoch=resume.get("epoch", 0), resume_skip=resume.get("samples", 0)
+            )
+            self._train_sampler = sampler
+            dataset = SeededSamples(dataset)  # each sample's augmentation seeded from its (index, seed) key
         return loader_class(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            sampler=EpochSeededSampler(len(dataset), seed=self.seed) if train else None,
+            sampler=sampler,
             shuffle=False if train else None,
             drop_last=self.drop_last and train and len(dataset) >= self.batch_size,
             num_workers=self.num_workers,

@@ -3,14 +3,19 @@
 - :func:`load_digits_arrays`: scikit-learn's 8x8 digits (inside the scikit-learn wheel).
 - :func:`load_fashion_mnist_arrays`: Fashion-MNIST from Debian's ``dataset-fashion-mnist`` IDX files.
 - :class:`ArrayImageDataset`: uint8 (N, H, W) grey images resized on the fly to the model's input.
-- :class:`EpochSeededSampler`: a shuffling sampler whose order depends only on (seed, epoch), so that a resumed
-  run sees the same batches as an uninterrupted one.
+- :class:`EpochSeededSampler`: a shuffling sampler whose order depends only on (seed, epoch), and that can skip
+  the samples a resumed run already trained on, so that a resumed run sees the same batches as an uninterrupted one;
+  it hands out (index, seed) keys.
+- :class:`SeededSamples`: serves those keys, each sample with its random state seeded from its key, so that the
+  augmentation of a sample does not depend on what the process (or a data worker) drew before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
+import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -146,19 +151,25 @@ def _per_channel(values: Sequence[float], in_chans: int, name: str) -> list[floa
     return values
 
 
-class EpochSeededSampler(Sampler[int]):
-    """Random permutation of ``range(num_samples)`` drawn from ``(seed, epoch)`` only.
+class EpochSeededSampler(Sampler[tuple[int, int]]):
+    """Random permutation of ``range(num_samples)`` drawn from ``(seed, epoch)`` only, as (index, sample seed) keys.
 
     Lightning calls :meth:`set_epoch` at the start of every epoch (as for ``DistributedSampler``), so the order of
-    an epoch does not depend on what the process did before it: a run resumed at an epoch boundary replays exactly
-    the batches an uninterrupted run sees.
+    an epoch does not depend on what the process did before it. Each index comes with a seed drawn from
+    ``(seed, epoch, index)`` for :class:`SeededSamples`. A run resumed in the middle of an epoch starts the sampler
+    at that epoch with the samples already trained on skipped (``resume_epoch``, ``resume_skip``): it then hands out
+    exactly the keys that the uninterrupted run had left.
     """
 
-    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self, num_samples: int, seed: int = 0, shuffle: bool = True, resume_epoch: int = 0, resume_skip: int = 0
+    ):
         self.num_samples = int(num_samples)
         self.seed = int(seed)
         self.shuffle = shuffle
-        self.epoch = 0
+        self.epoch = int(resume_epoch)
+        self._skip_epoch = int(resume_epoch)
+        self._skip = int(resume_skip)  # used once, by the first pass over `resume_epoch`
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -166,11 +177,59 @@ class EpochSeededSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
-        if not self.shuffle:
-            return iter(range(self.num_samples))
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        skip = self._skip if self.epoch == self._skip_epoch else 0
+        self._skip = 0
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.num_samples, generator=generator).tolist()
+        else:
+            order = list(range(self.num_samples))
+        epoch_seed = (self.seed * 1_000_003 + self.epoch * 7_919) % (2**31)
+        return iter([(index, (epoch_seed + index * 104_729) % (2**31)) for index in order[skip:]])
+
+
+@contextlib.contextmanager
+def seeded_random_state(seed: int) -> Iterator[None]:
+    """torch (CPU), numpy and random seeded with ``seed`` inside the block, and their states restored after it."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+class SeededSamples(Dataset):
+    """A dataset served by (index, seed) keys (from :class:`EpochSeededSampler`): ``dataset[index]`` with torch,
+    numpy and random seeded from ``seed`` and restored afterwards.
+
+    A sample's augmentation is then a function of its key alone: the same in a data worker or in the main process,
+    after a resume as in the uninterrupted run, and without disturbing the random state of the training step.
+    Plain integer indices are served unseeded. Other attributes are the wrapped dataset's.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            index, seed = key
+            with seeded_random_state(seed):
+                return self.dataset[index]
+        return self.dataset[key]
+
+    def __getattr__(self, name: str):
+        if name == "dataset":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -127,13 +127,6 @@ def test_sigterm_saves_a_checkpoint_before_exiting(log_dir, preempted):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="resuming from a mid-epoch checkpoint replays the wrong batches: the data order and augmentation RNG "
-    "restart at the epoch's beginning. Fix in linvit/train (datasets.py EpochSeededSampler + callbacks.py "
-    "EpochReseed): save the batches consumed in the epoch and the RNG states in the checkpoint, skip the consumed "
-    "indices and restore the RNG states on resume.",
-)
 def test_sigterm_requeued_run_matches_uninterrupted_run(log_dir, reference, preempted):
     _train(log_dir, preempted)
     assert _outcome(log_dir, preempted) == reference

@@ -23,9 +23,48 @@ def test_epoch_seeded_sampler_depends_only_on_seed_and_epoch():
     list(a)  # consuming an epoch changes nothing
     a.set_epoch(2), b.set_epoch(2)
     assert list(a) == list(b)
-    assert sorted(a) == list(range(50))
+    assert sorted(index for index, _ in a) == list(range(50))
+    assert len({seed for _, seed in a}) == 50  # a seed per sample
     b.set_epoch(3)
     assert list(a) != list(b)
+    assert {key[0]: key[1] for key in a} != {key[0]: key[1] for key in b}  # the same sample, another epoch's seed
+
+
+def test_resumed_sampler_hands_out_what_the_uninterrupted_one_had_left():
+    uninterrupted = EpochSeededSampler(50, seed=3)
+    uninterrupted.set_epoch(4)
+    resumed = EpochSeededSampler(50, seed=3, resume_epoch=4, resume_skip=12)
+    assert list(resumed) == list(uninterrupted)[12:]  # before any set_epoch: Lightning iterates first on resume
+    resumed.set_epoch(4)
+    assert list(resumed) == list(uninterrupted)  # the skip serves one pass only
+    late = EpochSeededSampler(50, seed=3, resume_epoch=4, resume_skip=12)
+    late.set_epoch(5)
+    assert len(list(late)) == 50  # another epoch: nothing skipped
+
+
+def test_seeded_samples_make_augmentation_a_function_of_the_key():
+    from linvit.train.datasets import SeededSamples
+
+    class Noisy(torch.utils.data.Dataset):
+        report_bad_files = "forwarded"
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return torch.rand(3) + index
+
+    samples = SeededSamples(Noisy())
+    torch.manual_seed(0)
+    first = samples[(2, 77)]
+    state = torch.get_rng_state()
+    torch.rand(5)  # whatever the process drew in between
+    torch.testing.assert_close(samples[(2, 77)], first)
+    assert not torch.equal(samples[(2, 78)], first)
+    torch.manual_seed(0)
+    samples[(1, 5)]
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is left as it was
+    assert samples.report_bad_files == "forwarded" and len(samples) == 4
 
 
 def test_digits_split_is_disjoint_stratified_and_resized():
@@ -134,3 +173,28 @@ def test_cifar_without_files_says_how_to_get_them(tmp_path):
     cfg = compose(["data=cifar100", f"data.root={tmp_path}"])
     with pytest.raises(FileNotFoundError, match="data.download=true"):
         instantiate(cfg.data).prepare_data()
+
+
+def test_augmented_batches_do_not_depend_on_data_workers_or_the_random_state():
+    """Per-sample seeds make the augmented batches of an epoch one function of (seed, epoch): with or without data
+    workers, whatever the process drew before, and for a sampler resumed mid-epoch."""
+    from torch.utils.data import DataLoader
+
+    from linvit.train.datasets import ArrayImageDataset, SeededSamples
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (24, 8, 8), generator=generator, dtype=torch.uint8).numpy()
+    dataset = SeededSamples(ArrayImageDataset(images, np.arange(24) % 3, img_size=12, augment=True))
+
+    def batches(workers, skip=0):
+        sampler = EpochSeededSampler(24, seed=5, resume_epoch=1, resume_skip=skip)
+        torch.manual_seed(workers + skip)  # a different history of the process's random state each time
+        loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers)
+        return [images for images, _ in loader]
+
+    reference = batches(0)
+    for got, expected in zip(batches(2), reference, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for got, expected in zip(batches(0, skip=8), reference[2:], strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert not torch.equal(reference[0], reference[1])
