@@ -104,12 +104,13 @@ def linear_attention_tokens(
         keep = key_mask[:, :, None, None]
         k = torch.where(keep, k, torch.zeros_like(k))
         v = torch.where(keep, v, torch.zeros_like(v))
-        inverse_count = 1.0 / keep.to(k.dtype).sum(dim=1, keepdim=True).clamp_min(1.0)  # (B, 1, 1, 1)
+    kv = full_precision_bmm(k.permute(0, 2, 3, 1), v.transpose(1, 2))  # (B, h, m, e): Σ k vᵀ
+    state = torch.cat([kv, k.sum(dim=1, keepdim=True).permute(0, 2, 3, 1)], dim=-1)  # (B, h, m, e + 1): [S | z]·N
+    # the mean form: S and z over the number of (kept) keys, in one pass over the small state
+    if key_mask is not None:
+        state = state / key_mask.to(state.dtype).sum(dim=1).clamp_min(1.0).view(-1, 1, 1, 1)
     else:
-        inverse_count = torch.full((1, 1, 1, 1), 1.0 / k.shape[1], dtype=k.dtype, device=k.device)
-    k_mean = k.sum(dim=1, keepdim=True) * inverse_count  # (B, 1, h, m)
-    kv = full_precision_bmm(k.permute(0, 2, 3, 1), v.transpose(1, 2)) * inverse_count  # (B, h, m, e)
-    state = torch.cat([kv, k_mean.permute(0, 2, 3, 1)], dim=-1)  # (B, h, m, e + 1)
+        state = state * (1.0 / k.shape[1])
     out = full_precision_bmm(q.transpose(1, 2), state).transpose(1, 2)  # (B, N, h, e + 1), a view
     num = out[..., :-1]
     den = out[..., -1:]
