@@ -218,19 +218,15 @@ class WindowAttention(nn.Module):
         pad_h = (window[0] - height % window[0]) % window[0]
         pad_w = (window[1] - width % window[1]) % window[1]
         padded_hw = (height + pad_h, width + pad_w)
-        padded = pad_h > 0 or pad_w > 0
-        if padded:
-            # The projection is per token, so it commutes with padding and partitioning: on a padded map, project
-            # the real tokens only (padded q/k/v are then zeros instead of the qkv bias; padded keys are masked out
-            # of every real query and padded queries are cropped, so the output is the same, for fewer GEMM rows).
-            x = self.qkv(x)
         grid = pad_grid(x.view(-1, height, width, x.shape[-1]), pad_h, pad_w)
         if shift[0] > 0 or shift[1] > 0:
             grid = torch.roll(grid, shifts=(-shift[0], -shift[1]), dims=(1, 2))
         windows = window_partition(grid, window)  # (B * nW, n, C), or 3C when already projected
         tokens = window[0] * window[1]
 
-        qkv = windows if padded else self.qkv(windows)  # unpadded: partition the narrower C-channel input
+        # the projection runs on the partitioned C-channel input: pad, roll and partition copy C channels, not 3C
+        # (padded tokens project to the bias; padded keys are masked out and padded queries cropped)
+        qkv = self.qkv(windows)
         qkv = qkv.view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B * nW, heads, n, d)
         bias = relative_position_bias(
