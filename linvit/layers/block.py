@@ -1,7 +1,13 @@
-"""The pre-norm transformer block shared by the families: (CPE) -> norm -> attention -> norm -> MLP."""
+"""Pre-norm transformer blocks: (CPE) -> norm -> attention -> norm -> MLP.
+
+- :class:`PreNormBlock`: the residual frame around an attention and an MLP that the caller builds (the FLatten
+  families, whose blocks differ only in those two and keep the authors' checkpoint keys).
+- :class:`TransformerBlock`: linvit's block, with a conv position encoding and the attention chosen by name.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,6 +15,37 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from linvit.layers.position import ConvPosEnc
+
+
+class PreNormBlock(nn.Module):
+    """x = x + drop_path(attn(norm1(x), hw)); x = x + drop_path(mlp(norm2(x))), for an attention and MLP built by the
+    caller (before calling this initialiser, so that their random initialisation keeps the order attention, MLP).
+
+    Keys: ``norm1``, ``attn``, ``norm2``, ``mlp``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        attn: nn.Module,
+        mlp: nn.Module,
+        drop_path: float = 0.0,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.norm1 = norm_layer(dim, **dd)
+        self.attn = attn
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim, **dd)
+        self.mlp = mlp
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
 class TransformerBlock(nn.Module):

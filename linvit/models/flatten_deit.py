@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from timm.layers import (
-    DropPath,
     Mlp,
     PatchEmbed,
     register_notrace_module,
@@ -37,6 +36,7 @@ from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
+from linvit.layers import PreNormBlock
 from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
 from linvit.models._flatten_common import create_flatten_model, flatten_cfg
 from linvit.models._validation import check_image_batch
@@ -123,7 +123,7 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
 register_notrace_module(FLattenDeiTAttention)
 
 
-class FLattenDeiTBlock(nn.Module):
+class FLattenDeiTBlock(PreNormBlock):
     """Pre-norm ViT block with FLatten attention."""
 
     def __init__(
@@ -144,10 +144,8 @@ class FLattenDeiTBlock(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.norm1 = norm_layer(dim, **dd)
-        self.attn = FLattenDeiTAttention(
+        attn = FLattenDeiTAttention(
             dim,
             num_heads,
             pos_size=pos_size,
@@ -159,15 +157,8 @@ class FLattenDeiTBlock(nn.Module):
             dwc_kernel_size=dwc_kernel_size,
             **dd,
         )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x
+        mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        super().__init__(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
 
 
 class FLattenDeiT(nn.Module):

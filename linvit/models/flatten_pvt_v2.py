@@ -20,16 +20,18 @@ themselves.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import ClassifierHead, DropPath, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
+from linvit.layers import PreNormBlock
 from linvit.models._checkpoint import load_pretrained_file
 from linvit.models._flatten_common import (
     ClassifierHeadMixin,
@@ -101,7 +103,7 @@ class MlpWithDepthwiseConv(nn.Module):
         return self.drop2(self.fc2(x))
 
 
-class FlattenPvtV2Block(nn.Module):
+class FlattenPvtV2Block(PreNormBlock):
     """Pre-norm block: focused linear attention over all tokens, then an MLP taking (tokens, hw).
 
     PVTv2 uses the depthwise-conv MLP (the default); PVT v1 passes its plain MLP (`flatten_pvt.TokenMlp`).
@@ -123,10 +125,8 @@ class FlattenPvtV2Block(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = FocusedLinearAttention(
+        attn = FocusedLinearAttention(
             dim,
             num_heads,
             qkv_bias=qkv_bias,
@@ -138,15 +138,13 @@ class FlattenPvtV2Block(nn.Module):
             pos_size=pos_size,
             **dd,
         )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        super().__init__(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path2(self.mlp(self.norm2(x), hw))
-        return x
+        return x + self.drop_path2(self.mlp(self.norm2(x), hw))  # the MLP's depthwise conv needs the grid
 
 
 class FlattenPvtV2Stage(nn.Module):

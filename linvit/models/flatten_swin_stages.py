@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, to_2tuple
+from timm.layers import Mlp, to_2tuple
 from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.attention import FocusedLinearAttention, WindowAttention
+from linvit.layers import PreNormBlock
 
 __all__ = ["ATTN_TYPES", "FLattenSwinBlock", "FLattenSwinStage", "PatchMerging"]
 
@@ -52,7 +53,7 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x))
 
 
-class FLattenSwinBlock(nn.Module):
+class FLattenSwinBlock(PreNormBlock):
     """Pre-norm transformer block: focused linear attention or (shifted) window softmax attention, then an MLP."""
 
     def __init__(
@@ -75,17 +76,15 @@ class FLattenSwinBlock(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         dd = {"device": device, "dtype": dtype}
         if attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}.")
-        self.attn_type = attn_type
-        self.pos_size = to_2tuple(pos_size) if pos_size is not None else None
-        self.norm1 = norm_layer(dim, **dd)
+        grid = to_2tuple(pos_size) if pos_size is not None else None
+        attn: nn.Module
         if attn_type == "linear":
-            if self.pos_size is None:
+            if grid is None:
                 raise ValueError("A linear block needs pos_size, the grid of its positional encoding.")
-            self.attn = FocusedLinearAttention(
+            attn = FocusedLinearAttention(
                 dim,
                 num_heads,
                 qkv_bias=qkv_bias,
@@ -93,12 +92,12 @@ class FLattenSwinBlock(nn.Module):
                 proj_drop=proj_drop,
                 focusing_factor=focusing_factor,
                 dwc_kernel_size=dwc_kernel_size,
-                pos_size=self.pos_size,
-                window_size=self.pos_size,
+                pos_size=grid,
+                window_size=grid,
                 **dd,
             )
         else:
-            self.attn = WindowAttention(
+            attn = WindowAttention(
                 dim,
                 num_heads,
                 window_size=window_size,
@@ -108,15 +107,10 @@ class FLattenSwinBlock(nn.Module):
                 proj_drop=proj_drop,
                 **dd,
             )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x
+        mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        super().__init__(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
+        self.attn_type = attn_type
+        self.pos_size = grid
 
 
 class FLattenSwinStage(nn.Module):
