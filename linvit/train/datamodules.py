@@ -14,7 +14,9 @@ describe its preprocessing, written next to exported weights).
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ from linvit.train.image_folder import (
     ReportingDataLoader,
     TolerantImageFolder,
 )
+
+_log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -126,6 +130,15 @@ class ClassificationDataModule(LightningDataModule):
         if state_dict.get("class_names"):
             self.class_names = list(state_dict["class_names"])
         self._resume = state_dict.get("resume")
+        if self._resume:
+            _log.info(
+                "resuming in the middle of epoch %d: the first %d samples of its order were already trained on and "
+                "are skipped",
+                self._resume["epoch"],
+                self._resume["samples"],
+            )
+            # Lightning's generic warning assumes the loader restarts the epoch; this DataModule resumes it exactly
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
 
     def _mid_epoch_position(self) -> dict[str, int] | None:
         """The epoch and the samples of it already trained on (all ranks), when saved in the middle of an epoch."""
