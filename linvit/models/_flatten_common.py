@@ -4,7 +4,6 @@
 - `set_attention_grid` (a built model) and `resize_tables_to_model` (a checkpoint): resize the learnable positional
   encodings of `FocusedLinearAttention` to another grid;
 - `unwrap_checkpoint`, `fuse_q_kv`: the authors' training files and their separate `q` / `kv` projections;
-- `ClassifierHeadMixin`: the timm classifier and pruning API of models whose head is a timm `ClassifierHead`;
 - `flatten_cfg`, `create_flatten_model`: the pretrained cfg and the timm builder call every FLatten family shares.
 """
 
@@ -17,14 +16,12 @@ from typing import Any
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg
-from timm.models._features import feature_take_indices
 from torch import nn
 
 from linvit.attention import resize_positional_table
 from linvit.models._checkpoint import extract_model_state_dict, route_pretrained_to_model
 
 __all__ = [
-    "ClassifierHeadMixin",
     "conv_stage_grids",
     "create_flatten_model",
     "drop_path_rates",
@@ -144,51 +141,6 @@ def rename_keys(
             key = re.sub(pattern, replacement, key)
         out[key] = value
     return out
-
-
-class ClassifierHeadMixin:
-    """timm's classifier and pruning API for a model with a timm `ClassifierHead` at `self.head`, stages in
-    `self.stages` (each with a `grad_checkpointing` flag), `feature_info`, optionally a final `norm`, and a
-    `forward_features(x)`. Put it before `nn.Module` in the bases."""
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        # the new head goes where the model lives (the old head may hold no parameter to take it from)
-        reference = next(self.parameters())
-        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """Drop the stages after the last tap (and a final `norm`, the head); returns the normalised tap indices."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[: max_index + 1]
-        if (prune_norm or prune_end) and isinstance(getattr(self, "norm", None), nn.Module):
-            self.norm = nn.Identity()  # the final norm is sized for the last stage
-        if prune_end:  # features now end at the last kept stage; the head is re-sized to them
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-            self.head.reset(0, in_features=self.num_features)
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take_indices
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def flatten_cfg(**kwargs: Any) -> dict[str, Any]:

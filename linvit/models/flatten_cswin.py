@@ -45,8 +45,8 @@ from torch.utils.checkpoint import checkpoint
 
 from linvit.attention import FocusedLinearAttention
 from linvit.models._checkpoint import load_pretrained_file
+from linvit.models._classifier import ClassifierHeadMixin
 from linvit.models._flatten_common import (
-    ClassifierHeadMixin,
     conv_stage_grids,
     create_flatten_model,
     drop_path_rates,

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, get_device_dtype, register_notrace_function
+from timm.layers import ClassifierHead, register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.layers import ConvDownsample, ConvStem, TransformerBlock, map_to_tokens, tokens_to_map
+from linvit.models._classifier import ClassifierHeadMixin
 
 __all__ = ["LinViT", "LinViTStage"]
 
@@ -124,7 +125,7 @@ class LinViTStage(nn.Module):
         return tokens_to_map(x, hw)
 
 
-class LinViT(nn.Module):
+class LinViT(ClassifierHeadMixin, nn.Module):
     """Hierarchical linear-attention vision transformer (strides 4/8/16/32), native to timm.
 
     Args:
@@ -256,22 +257,6 @@ class LinViT(nn.Module):
             ],
         }
 
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        self.head.reset(num_classes, pool_type=global_pool, in_features=self.num_features, **get_device_dtype(self))
-        self.head_hidden_size = self.head.num_features
-        if global_pool is not None:
-            self.global_pool = global_pool
-
     # ------------------------------------------------------------------------------------------------ forward
     def forward_intermediates(
         self,
@@ -307,18 +292,6 @@ class LinViT(nn.Module):
             x = self._norm_map(x)
         return x, intermediates
 
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """Drop the stages after the last index wanted (and the norm / head); returns the indices to take."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        self.stages = self.stages[: max_index + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0, "")
-        return take_indices
-
     def _norm_map(self, x: torch.Tensor) -> torch.Tensor:
         # LayerNorm over channels on the channels-last (B, H, W, C) view: no copy either way
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -328,12 +301,6 @@ class LinViT(nn.Module):
         x = self.stem(x)
         x = self.stages(x)
         return self._norm_map(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 # ---------------------------------------------------------------------------------------------------- factory

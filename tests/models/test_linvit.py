@@ -234,3 +234,16 @@ def test_bf16_autocast_is_finite():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(torch.randn(1, 3, 64, 64) * 8)
     assert torch.isfinite(out.float()).all()
+
+
+def test_pruned_model_keeps_running_on_its_last_kept_stage():
+    """prune_intermediate_layers without prune_norm: the final norm, sized for the dropped last stage, must go."""
+    model = timm.create_model("linvit_nano").eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        expected = model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+        assert model.prune_intermediate_layers([1], prune_norm=False) == [1]
+        final, taps = model.forward_intermediates(x, indices=[1])
+        torch.testing.assert_close(taps[0], expected)
+        assert final.shape == model(x).shape == expected.shape  # the head was pruned too: the map itself
+        assert model.num_features == model.head_hidden_size == expected.shape[1]
