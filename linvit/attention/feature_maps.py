@@ -62,7 +62,6 @@ def focused_feature_parts(
     focusing_factor: float = 3.0,
     eps: float = 1e-6,
     dim: int = -1,
-    in_place: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The focused map split as φ(x) = x_p · α, with α a per-token factor (size 1 along `dim`).
 
@@ -70,10 +69,10 @@ def focused_feature_parts(
     channels of a token, before any head split). Returning α separately lets the attention fold it into the small
     per-token normaliser instead of rescaling the whole tensor. `scale` must broadcast against x.
 
-    in_place: overwrite x with x_p (for callers that own x, with autograd off). Without it, inference (autograd
-    off) still uses a single new buffer; with autograd on, every step is out of place.
+    With autograd off the map uses a single new buffer, updated in place; with autograd on, every step is out of
+    place.
     """
-    if torch.is_grad_enabled() and not in_place:
+    if torch.is_grad_enabled():
         x = F.relu(x) + eps
         if scale is not None:
             x = x / F.softplus(scale)
@@ -82,8 +81,7 @@ def focused_feature_parts(
     else:
         # One buffer updated in place: large temporaries are costly on CPUs, where freed blocks often go back to the
         # operating system and the next allocation page-faults again.
-        x = x.relu_() if in_place else F.relu(x)
-        x = x.add_(eps)
+        x = F.relu(x).add_(eps)
         if scale is not None:
             x = x.div_(F.softplus(scale))
         norm = torch.linalg.vector_norm(x, ord=2, dim=dim, keepdim=True)

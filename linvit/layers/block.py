@@ -48,7 +48,7 @@ class PreNormBlock(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(PreNormBlock):
     """x = x + CPE(x); x = x + drop_path(attn(norm1(x), hw)); x = x + drop_path(mlp(norm2(x))).
 
     ``attention`` is a name understood by :func:`linvit.attention.create_attention` (``"focused"``, ``"window"``,
@@ -72,14 +72,11 @@ class TransformerBlock(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         from linvit.attention import create_attention  # attention sits below layers; imported here to build
 
         dd = {"device": device, "dtype": dtype}
-        self.attention_name = attention
-        self.cpe = ConvPosEnc(dim, cpe_kernel_size, **dd) if cpe_kernel_size else None
-        self.norm1 = norm_layer(dim, **dd)
-        self.attn = create_attention(
+        cpe = ConvPosEnc(dim, cpe_kernel_size, **dd) if cpe_kernel_size else None  # built first, as ever
+        attn = create_attention(
             attention,
             dim,
             num_heads,
@@ -89,14 +86,13 @@ class TransformerBlock(nn.Module):
             **(attn_kwargs or {}),
             **dd,
         )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        super().__init__(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
+        self.attention_name = attention
+        self.cpe = cpe
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         if self.cpe is not None:
             x = self.cpe(x, hw)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
