@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 from pathlib import Path
 
@@ -30,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trusted",
         action="store_true",
-        help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
+        help="trust the run directory: load a checkpoint that needs full unpickling and build classes its config "
+        "names outside linvit's own (both run code from the files: only for runs you trust)",
     )
 
 
@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from linvit.train.export import find_checkpoint, untrusted_checkpoint_error
+    from linvit.models._checkpoint import UntrustedCheckpointError
+    from linvit.train.export import find_checkpoint, load_checkpoint
     from linvit.train.module import ImageClassifier
+    from linvit.utils.saved_config import UntrustedConfigError, check_classifier_hparams, check_targets
 
     try:
         checkpoint = find_checkpoint(args.run, args.checkpoint)
@@ -67,12 +69,21 @@ def run(args: argparse.Namespace) -> int:
     if args.num_workers is not None:
         data_cfg.num_workers = args.num_workers
         data_cfg.persistent_workers = False
-    datamodule = instantiate(data_cfg)
     try:
-        model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=not args.trusted)
-    except pickle.UnpicklingError as error:
-        sys.stderr.write(f"linvit eval: {untrusted_checkpoint_error(checkpoint, error, '--trusted')}\n")
+        # a run directory is data from someone: build only linvit's own classes from it (unless --trusted)
+        if not args.trusted:
+            check_targets(data_cfg, config_path, prefix="data")
+        saved = load_checkpoint(checkpoint, trusted=args.trusted, opt_in="--trusted")
+        hparams = dict(saved.get("hyper_parameters") or {})
+        if not args.trusted:
+            check_classifier_hparams(hparams, checkpoint)
+    except (UntrustedConfigError, UntrustedCheckpointError) as error:
+        sys.stderr.write(f"linvit eval: {error}\n")
         return 2
+    datamodule = instantiate(data_cfg)
+    # the weights come from the checkpoint: never fetch pretrained ones first
+    model = ImageClassifier(**{**hparams, "pretrained": False})
+    model.load_state_dict(saved["state_dict"])
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,

@@ -26,18 +26,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--topk", type=int, default=5, help="how many classes to print (default 5)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--trusted",
+        action="store_true",
+        help="trust the config.json beside the weights: pass its model arguments to timm even where they load "
+        "files or weights (only for files you trust)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint facts
-def read_side_config(checkpoint: str | Path) -> dict[str, Any]:
-    """``config.json`` beside the weights (timm hub format), or {} when there is none."""
+def read_side_config(checkpoint: str | Path, trusted: bool = False) -> dict[str, Any]:
+    """``config.json`` beside the weights (timm hub format), or {} when there is none.
+
+    Its model arguments go to ``timm.create_model``: unless ``trusted``, arguments that load files or weights and
+    any ``_target_`` are refused (see :mod:`linvit.utils.saved_config`).
+    """
+    from linvit.utils.saved_config import check_model_arguments
+
     path = Path(checkpoint).with_name("config.json")
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}); fix or remove it") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a {type(config).__name__}, not timm's config object; fix or remove it")
+    if not trusted:
+        check_model_arguments(None, config.get("model_args"), path)
+    return config
 
 
 def read_safetensors_labels(checkpoint: str | Path) -> list[str] | None:
@@ -157,7 +174,14 @@ def preprocess(image_path: str, model):
     return tensor.unsqueeze(0)
 
 
-def predict(image: str, model_name: str, checkpoint: str | None = None, topk: int = 5, device: str = "cpu"):
+def predict(
+    image: str,
+    model_name: str,
+    checkpoint: str | None = None,
+    topk: int = 5,
+    device: str = "cpu",
+    trusted: bool = False,
+):
     """[(class index, probability, label or None)] for the top-k classes, best first."""
     import torch
 
@@ -165,7 +189,7 @@ def predict(image: str, model_name: str, checkpoint: str | None = None, topk: in
         raise FileNotFoundError(f"image {image!r} does not exist")
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    side_config = read_side_config(checkpoint) if checkpoint else {}
+    side_config = read_side_config(checkpoint, trusted) if checkpoint else {}
     model = build_model(model_name, checkpoint, side_config).to(device).eval()
     if model.num_classes <= 0:
         raise ValueError(f"{model_name} has no classifier (num_classes=0): nothing to predict")
@@ -187,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        results = predict(args.image, args.model, args.checkpoint, args.topk, args.device)
+        results = predict(args.image, args.model, args.checkpoint, args.topk, args.device, args.trusted)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from linvit.models._checkpoint import UntrustedCheckpointError
+from linvit.utils.saved_config import check_classifier_hparams
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -140,11 +141,14 @@ def export_checkpoint(
     """Write ``model.safetensors`` and ``config.json`` for ``checkpoint_path`` into ``out_dir``; returns the weights.
 
     ``ema``: export the EMA weights instead of the raw ones. ``trusted``: allow a checkpoint that runs code when
-    loaded (see :func:`load_checkpoint`).
+    loaded (see :func:`load_checkpoint`) or whose hyper-parameters name a model outside the registry or arguments
+    that load files (see :mod:`linvit.utils.saved_config`).
     """
     from safetensors.torch import save_file
 
     checkpoint = load_checkpoint(checkpoint_path, trusted=trusted, opt_in=opt_in)
+    if not trusted:  # config.json will name the model and its arguments: only registered ones that load nothing
+        check_classifier_hparams(checkpoint.get("hyper_parameters") or {}, checkpoint_path, opt_in)
     weights = model_state_dict(checkpoint, ema=ema)
     config = timm_config(checkpoint)
     config["num_features"] = _num_features(config)

@@ -60,17 +60,37 @@ def _check_model_matches_data(model: Any, datamodule: Any) -> None:
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``."""
+    """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``.
+
+    Unless ``trust_checkpoint``, its saved hyper-parameters are checked like any saved config (see
+    :mod:`linvit.utils.saved_config`): a file that asks to build other classes is refused before training.
+    """
+    path: Path | None = None
     if cfg.get("ckpt_path"):
         path = Path(str(cfg.ckpt_path)).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
-        return str(path)
-    if cfg.get("resume", True):
+    elif cfg.get("resume", True):
         last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            return str(last)
-    return None
+        path = last if last.is_file() else None
+    if path is not None and not cfg.get("trust_checkpoint", False):
+        _check_saved_hparams(path)
+    return None if path is None else str(path)
+
+
+def _check_saved_hparams(path: Path) -> None:
+    """Refuse a checkpoint whose hyper-parameters name callables outside linvit's allow-list (read memory-mapped)."""
+    import torch
+
+    from linvit.utils.saved_config import check_targets
+
+    with _refuse_untrusted(str(path)):
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        check_targets(checkpoint.get(key) or {}, path, opt_in="trust_checkpoint=true", prefix=key)
 
 
 def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, float]:

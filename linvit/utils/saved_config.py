@@ -1,0 +1,131 @@
+"""Reading configs back from run directories, checkpoints and ``config.json`` files without running code from them.
+
+A run directory, a checkpoint and an exported folder are data that someone may send you. Their configs name what to
+build: Hydra ``_target_`` entries (``config.yaml``), Lightning hyper-parameters (``*.ckpt``) and timm creation
+arguments (``config.json``). Hydra imports and calls any ``_target_`` it is given (``pathlib.Path.write_text`` as
+readily as a DataModule), and timm follows hub names, local folders and checkpoint paths. So every command that
+builds something from a saved config first checks it here:
+
+- ``_target_`` entries must name one of linvit's own classes (:data:`TRUSTED_TARGETS`); Lightning's
+  ``_instantiator`` is refused outright;
+- a model must be a registered timm name (no ``hf-hub:`` / ``local-dir:`` source), created without arguments that
+  load files or pretrained configs (:data:`LOADING_ARGUMENTS`).
+
+Anything else raises :class:`UntrustedConfigError` naming the file, the key and the opt-in (``--trusted``,
+``trust_checkpoint=true``), which skips these checks for files you trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LOADING_ARGUMENTS",
+    "TRUSTED_TARGETS",
+    "UntrustedConfigError",
+    "check_classifier_hparams",
+    "check_model_arguments",
+    "check_targets",
+]
+
+TRUSTED_TARGETS: frozenset[str] = frozenset(
+    {
+        # DataModules
+        "linvit.train.datamodules.DigitsDataModule",
+        "linvit.train.datamodules.FashionMNISTDataModule",
+        "linvit.train.datamodules.ImageFolderDataModule",
+        "linvit.train.datamodules.CIFARDataModule",
+        "linvit.dense.seg_data.SegmentationDataModule",
+        # LightningModules: classification, and segmentation (backbone + its FPN / UperNet head)
+        "linvit.train.module.ImageClassifier",
+        "linvit.dense.seg_module.SegmentationModule",
+    }
+)
+"""The classes a saved config may name in ``_target_`` without an opt-in: linvit's DataModules and models."""
+
+LOADING_ARGUMENTS: frozenset[str] = frozenset(
+    {"checkpoint_path", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "pretrained"}
+)
+"""``timm.create_model`` arguments that read files or fetch weights: never taken from a saved config."""
+
+# Hydra keys that make a node callable; Lightning's hyper-parameter key that names a function to construct with.
+_CALLABLE_KEYS = ("_target_", "_instantiator")
+
+
+class UntrustedConfigError(ValueError):
+    """A saved config asks to build something outside linvit's allow-list (nothing from it was run)."""
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+    """(dotted key, key, value) of every mapping entry below ``node``, depth first."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            yield where, key, value
+            yield from _walk(value, where)
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _walk(value, f"{path}[{index}]")
+
+
+def _plain(node: Any) -> Any:
+    """OmegaConf containers as plain ones, interpolations left unresolved (a ``${...}`` target is not trusted)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf comes with hydra-core, a dependency
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _refusal(source: str | Path, what: str, opt_in: str) -> UntrustedConfigError:
+    return UntrustedConfigError(
+        f"Refusing {what} from '{source}': saved configs may only build linvit's own classes and registered models, "
+        f"and nothing from this one was run. If you trust this file and its source, pass {opt_in}."
+    )
+
+
+def check_targets(config: Any, source: str | Path, opt_in: str = "--trusted", prefix: str = "") -> None:
+    """Raise :class:`UntrustedConfigError` unless every ``_target_`` below ``config`` is in :data:`TRUSTED_TARGETS`.
+
+    ``config``: a dict or OmegaConf node (a whole ``config.yaml``, one of its groups, or checkpoint
+    hyper-parameters). ``source``: the file it came from, for the message. ``prefix``: the key of ``config`` inside
+    that file (e.g. ``data``), so the message names the full key. Lightning's ``_instantiator`` is always refused.
+    """
+    for where, key, value in _walk(_plain(config), prefix):
+        if key not in _CALLABLE_KEYS:
+            continue
+        if key == "_target_" and isinstance(value, str) and value in TRUSTED_TARGETS:
+            continue
+        raise _refusal(source, f"{where}={value!r}", opt_in)
+
+
+def check_model_arguments(
+    model_name: str | None, model_args: Mapping[str, Any] | None, source: str | Path, opt_in: str = "--trusted"
+) -> None:
+    """Raise :class:`UntrustedConfigError` unless ``model_name`` is a registered timm model (None: the caller names
+    the model itself) and ``model_args`` loads nothing (see :data:`LOADING_ARGUMENTS`); nested ``_target_`` entries
+    are checked as by :func:`check_targets`."""
+    import timm
+
+    import linvit.models  # noqa: F401  (registers linvit's families)
+
+    if model_name is not None and (
+        not isinstance(model_name, str) or ":" in model_name or not timm.is_model(model_name)
+    ):
+        raise _refusal(source, f"model {model_name!r} (not a registered timm model name)", opt_in)
+    args = dict(model_args or {})
+    loading = sorted(LOADING_ARGUMENTS.intersection(args))
+    if loading:
+        raise _refusal(source, f"model arguments {loading} (they load files or weights)", opt_in)
+    check_targets(args, source, opt_in, prefix="model_args")
+
+
+def check_classifier_hparams(hparams: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
+    """Check an ``ImageClassifier`` checkpoint's hyper-parameters: no callables, a registered model that loads
+    nothing. (The classifier's ``pretrained`` flag is the caller's to override: the weights come from the file.)"""
+    check_targets(hparams, source, opt_in, prefix="hyper_parameters")
+    check_model_arguments(str(hparams.get("model_name")), hparams.get("model_kwargs"), source, opt_in)
