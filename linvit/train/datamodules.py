@@ -25,6 +25,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from linvit.train._hparams import make_hparams_plain
+from linvit.train.data_options import capped_workers, fraction, whole_number
 from linvit.train.datasets import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_DIR,
@@ -80,14 +81,14 @@ class ClassificationDataModule(LightningDataModule):
         std: Sequence[float] = IMAGENET_STD,
     ):
         super().__init__()
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
-        self.num_classes = int(num_classes)
-        self.img_size = int(img_size)
-        self.in_chans = int(in_chans)
-        self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
-        self.num_workers = int(num_workers)
+        self.num_classes = whole_number(num_classes, "data.num_classes", minimum=1)
+        self.img_size = whole_number(img_size, "data.img_size", minimum=1)
+        self.in_chans = whole_number(in_chans, "data.in_chans", minimum=1)
+        self.batch_size = whole_number(batch_size, "data.batch_size", minimum=1)
+        self.eval_batch_size = whole_number(
+            batch_size if eval_batch_size is None else eval_batch_size, "data.eval_batch_size", minimum=1
+        )
+        self.num_workers = capped_workers(num_workers)
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.drop_last = bool(drop_last)
@@ -150,6 +151,20 @@ class ClassificationDataModule(LightningDataModule):
         if batches <= 0 or batches >= trainer.num_training_batches:
             return None  # at an epoch boundary: the next epoch starts from its beginning anyway
         return {"epoch": sampler.epoch, "samples": batches * self.batch_size * trainer.world_size}
+
+    def skipped_files(self) -> list[str]:
+        """Every image file skipped as unreadable so far (``data.bad_files=skip``), over all splits."""
+        skipped: set[str] = set()
+        for dataset in (self.train_set, self.val_set, self.test_set):
+            skipped.update(getattr(dataset, "skipped_files", ()))
+        return sorted(skipped)
+
+    def teardown(self, stage: str) -> None:
+        # a pass cut short (limit_*_batches, fast_dev_run, the sanity check) has not reported its skipped files yet
+        for dataset in {id(d): d for d in (self.train_set, self.val_set, self.test_set)}.values():
+            report = getattr(dataset, "report_bad_files", None)
+            if report is not None:
+                report()
 
     def _check_num_classes(self, found: int, where: str) -> None:
         if found != self.num_classes:
@@ -218,7 +233,13 @@ class DigitsDataModule(ClassificationDataModule):
         super().__init__(num_classes=num_classes, mean=mean, std=std, **kwargs)
         self.save_hyperparameters()
         make_hparams_plain(self)
-        self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
+        self.val_fraction = fraction(val_fraction, "data.val_fraction")
+        self.test_fraction = fraction(test_fraction, "data.test_fraction")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"data.val_fraction={val_fraction!r} and data.test_fraction={test_fraction!r} hold out all the data "
+                "(their sum must be below 1): lower one of them."
+            )
         self.split_seed = int(split_seed)
         self.augment = bool(augment)
 
@@ -262,7 +283,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         self.save_hyperparameters()
         make_hparams_plain(self)
         self.root = str(root)
-        self.val_size = int(val_size)
+        self.val_size = whole_number(val_size, "data.val_size", minimum=1)
         self.split_seed = int(split_seed)
         self.augment = bool(augment)
         self.hflip = float(hflip)

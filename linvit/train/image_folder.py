@@ -15,19 +15,20 @@ import os
 import shutil
 import tempfile
 import weakref
-from pathlib import Path
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import has_file_allowed_extension
+
+from linvit.train.folder_scan import scan_split
 
 _log = logging.getLogger(__name__)
 
 BAD_FILE_MODES = ("skip", "error")
-# What PIL raises for a file it cannot decode: UnidentifiedImageError and "image file is truncated" are OSErrors;
-# some decoders raise ValueError or SyntaxError on corrupt headers.
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError)
 _MAX_NAMED = 10
 
 
@@ -61,67 +62,83 @@ class PilLoader:
         from PIL import Image
 
         with Image.open(path) as image:
-            if image.mode.startswith("I;16") or image.mode == "I":
-                return _to_8_bit(image).convert(self.mode)
-            if self.mode == "RGB" and (image.mode in ("RGBA", "LA") or "transparency" in image.info):
-                # Composite on white instead of the black that a bare convert() gives transparent pixels.
-                rgba = image.convert("RGBA")
-                background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                return Image.alpha_composite(background, rgba).convert("RGB")
-            return image.convert(self.mode)
+            return self.convert(image)
 
+    def convert(self, image: Any) -> Any:
+        """``image`` (opened, not yet decoded) decoded as ``mode``."""
+        from PIL import Image
 
-def empty_class_folders(folder: Path, is_valid_file: Any) -> list[Path]:
-    """The class sub-folders of ``folder`` without a single file that ``is_valid_file`` accepts."""
-    empty = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if not entry.is_dir():
-            continue
-        has_image = any(
-            is_valid_file(os.path.join(base, name))
-            for base, _, names in os.walk(entry.path, followlinks=True)
-            for name in names
-        )
-        if not has_image:
-            empty.append(folder / entry.name)
-    return empty
+        if image.mode.startswith("I;16") or image.mode == "I":
+            return _to_8_bit(image).convert(self.mode)
+        if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+            # Composite on white, for RGB and L alike: a bare convert() makes transparent pixels black (RGB) or
+            # leaves their hidden colour (L), whatever it was.
+            rgba = image.convert("RGBA")
+            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(background, rgba).convert(self.mode)
+        return image.convert(self.mode)
 
 
 class TolerantImageFolder(ImageFolder):
     """``ImageFolder`` with a ``bad_files`` policy for files PIL cannot read (``"skip"`` or ``"error"``).
 
+    The class folders are walked by :func:`~linvit.train.folder_scan.scan_split`: symlink loops and links into
+    another class folder are refused, links out of the class folder followed with a warning naming them.
     Skipped files are recorded in a small log file (workers run in other processes) that
-    :meth:`report_bad_files` reads, warns about once and clears.
+    :meth:`report_bad_files` reads, warns about once and clears; :attr:`skipped_files` keeps them all.
     """
 
     def __init__(self, root: str, bad_files: str = "skip", **kwargs: Any):
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r} (data.bad_files).")
-        try:
-            super().__init__(root, **kwargs)
-        except FileNotFoundError as error:
-            empty = empty_class_folders(Path(root), kwargs.get("is_valid_file") or ReadableByPil())
-            if not empty:
-                raise
-            raise FileNotFoundError(
-                f"empty class folder(s): {', '.join(str(p) for p in empty)}. Every folder under {root} is a class "
-                "of the label set: add images or remove the folder."
-            ) from error
+        self.links_out: list[tuple[str, str]] = []
+        super().__init__(root, **kwargs)
+        if self.links_out:
+            _log.warning(
+                "followed %d link(s) out of their class folder in %s (their images take the label of the folder "
+                "holding the link): %s",
+                len(self.links_out),
+                self.root,
+                _name_some(f"{link} -> {target}" for link, target in self.links_out),
+            )
         self.bad_files = bad_files
+        self.skipped_files: set[str] = set()  # every file skipped so far, as reported (main process)
         self._log_dir = tempfile.mkdtemp(prefix="linvit_bad_files_")
         self._log_path = os.path.join(self._log_dir, "skipped.txt")
         weakref.finalize(self, shutil.rmtree, self._log_dir, True)
+
+    def make_dataset(
+        self,
+        directory: str,
+        class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """torchvision's listing (same samples, same order) without following symlink loops."""
+        classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
+        if is_valid_file is None:
+            is_valid_file = partial(has_file_allowed_extension, extensions=extensions)
+        scan = scan_split(str(directory), classes, is_valid_file)
+        empty = [os.path.join(directory, name) for name, count in scan.counts().items() if count == 0]
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"empty class folder(s): {', '.join(empty)}. Every folder under {directory} is a class "
+                "of the label set: add images or remove the folder."
+            )
+        self.links_out = scan.links_out
+        return scan.samples
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         for _ in range(min(len(self.samples), 100)):
             path, target = self.samples[index]
             try:
                 sample = self.loader(path)
-            except _DECODE_ERRORS as error:
+            except Exception as error:  # noqa: BLE001 - whatever a decoder raises, it is this file's problem
                 if self.bad_files == "error":
                     raise OSError(
-                        f"cannot read image {path}: {error}. Remove or replace the file, or set data.bad_files=skip "
-                        "to skip unreadable files with a warning."
+                        f"cannot read image {path}: {type(error).__name__}: {error}. Remove or replace the file, or "
+                        "set data.bad_files=skip to skip unreadable files with a warning."
                     ) from error
                 self._record(path)
                 index = (index + 1) % len(self.samples)  # the next file stands in; the label set is unchanged
@@ -149,26 +166,42 @@ class TolerantImageFolder(ImageFolder):
         except OSError:
             return []
         if paths:
-            named = ", ".join(paths[:_MAX_NAMED]) + (
-                f" and {len(paths) - _MAX_NAMED} more" if len(paths) > _MAX_NAMED else ""
-            )
+            self.skipped_files.update(paths)
             _log.warning(
                 "skipped %d unreadable image file(s) in %s this pass (another image stood in for each): %s. "
                 "Set data.bad_files=error to stop on them instead.",
                 len(paths),
                 self.root,
-                named,
+                _name_some(paths),
             )
         return paths
 
 
+def _name_some(items: Iterable[str]) -> str:
+    """The first few of ``items``, comma-separated, and how many more there are."""
+    items = list(items)
+    more = f" and {len(items) - _MAX_NAMED} more" if len(items) > _MAX_NAMED else ""
+    return ", ".join(items[:_MAX_NAMED]) + more
+
+
 class ReportingDataLoader(DataLoader):
-    """A ``DataLoader`` that, when a pass over the data ends, lets the dataset report skipped files."""
+    """A ``DataLoader`` that, when a pass over the data ends, lets the dataset report skipped files.
+
+    Lightning stops asking for batches after ``len(loader)`` of them without exhausting the iterator, so the
+    report comes as soon as the last batch is loaded (all samples of the pass are then decoded, in workers too),
+    before that batch is handed out; a pass cut short (``limit_*_batches``, the sanity check) reports at the start
+    of the next pass or at :meth:`~linvit.train.datamodules.ClassificationDataModule.teardown`.
+    """
 
     def __iter__(self):
         report = getattr(self.dataset, "report_bad_files", None)
-        if report is not None:
-            report()  # a pass cut short (limit_*_batches) reports at the start of the next one
-        yield from super().__iter__()
-        if report is not None:
-            report()
+        if report is None:
+            yield from super().__iter__()
+            return
+        report()
+        last = len(self)
+        for count, batch in enumerate(super().__iter__(), start=1):
+            if count == last:
+                report()
+            yield batch
+        report()

@@ -158,6 +158,8 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
         else:
             _log.warning("nothing to export: no checkpoint in %s", output_dir / "checkpoints")
 
+    if hasattr(datamodule, "skipped_files"):  # unreadable images skipped (data.bad_files=skip), for the summary
+        metrics["data/skipped_files"] = float(len(datamodule.skipped_files()))
     metrics["time/total_s"] = time.perf_counter() - started
     if trainer.is_global_zero:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
@@ -220,5 +222,10 @@ def summarize(cfg: DictConfig, metrics: dict[str, float]) -> str:
             )
     if len(lines) == 1:  # another task (e.g. segmentation): list its test metrics
         lines += [f"{key}: {value:.4f}" for key, value in sorted(metrics.items()) if key.startswith("test")]
+    if metrics.get("data/skipped_files"):
+        lines.append(
+            f"data: {int(metrics['data/skipped_files'])} unreadable image file(s) skipped, named in the log "
+            "(data.bad_files=error stops on them)"
+        )
     lines.append(f"wall time: {metrics.get('time/total_s', float('nan')):.1f} s")
     return "\n".join(lines)
