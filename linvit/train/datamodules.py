@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -348,9 +349,13 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         re_prob, re_mode: random erasing probability and fill mode.
         hflip, color_jitter, scale: timm training-transform options.
         crop_pct, interpolation: evaluation resize/crop.
-        bad_files: what an unreadable image file (not an image, truncated) does: ``skip`` (default; another image
-            stands in, and one warning per pass over the data counts and names the files) or ``error`` (raise
-            naming the file). Files that are not images by extension are always ignored.
+        bad_files: what an unreadable image file (not an image, truncated, or any error of its decoder) does:
+            ``skip`` (default; another image stands in, and one warning at the end of each pass over the data counts
+            and names the files) or ``error`` (raise naming the file). Files that are not images by extension are
+            always ignored. Symlink loops are refused; links out of a class folder are followed with a warning.
+        check: run :func:`~linvit.train.data_check.check_image_folder` (``linvit check-data``) in ``setup`` and log
+            its report: counts, unreadable files, duplicates across splits, sizes and modes (decodes every image
+            once; off by default). The images per split and class are logged either way.
     """
 
     def __init__(
@@ -367,6 +372,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         interpolation: str = "bicubic",
         img_size: int = 224,
         bad_files: str = "skip",
+        check: bool = False,
         **kwargs: Any,
     ):
         super().__init__(num_classes=num_classes, img_size=img_size, **kwargs)
@@ -375,6 +381,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
         self.bad_files = bad_files
+        self.check = bool(check)
         self.root = Path(root)
         self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
         self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
@@ -398,6 +405,8 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        if self.check and (self.trainer is None or self.trainer.is_global_zero):
+            self._log_data_check()
         self.train_set = self._folder("train", train=True)
         self._check_num_classes(len(self.train_set.classes), f"{self.root}/train")
         self.class_names = list(self.train_set.classes)
@@ -408,6 +417,30 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
                 f"{self.train_set.classes[:5]}...: both splits need the same class folders."
             )
         self.test_set = self._folder("test", train=False) if (self.root / "test").is_dir() else self.val_set
+        _log.info("%s: %s", self.root, _count_summary(self.train_set, self.val_set, self.test_set))
+
+    def _log_data_check(self) -> None:
+        from linvit.train.data_check import check_image_folder
+
+        report = check_image_folder(self.root, workers=max(1, self.num_workers))
+        _log.info("data check (data.check=true):\n%s", report.format())
+        if report.problems():
+            _log.warning("data check of %s: %s", self.root, "; ".join(report.problems()))
+
+
+def _count_summary(*splits: TolerantImageFolder) -> str:
+    """Images per split and the smallest and largest class, for the log (``linvit check-data`` tells more)."""
+    parts = []
+    for name, split in zip(("train", "val", "test"), splits):
+        if name == "test" and split is splits[1]:
+            continue  # no test folder: val serves as test
+        counts = Counter(split.targets)
+        fewest, most = min(counts, key=counts.get), max(counts, key=counts.get)
+        parts.append(
+            f"{name} {len(split)} images ({split.classes[fewest]!r} fewest: {counts[fewest]}, "
+            f"{split.classes[most]!r} most: {counts[most]})"
+        )
+    return f"{len(splits[0].classes)} classes; " + "; ".join(parts)
 
 
 class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):

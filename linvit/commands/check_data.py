@@ -1,0 +1,41 @@
+"""``linvit check-data ROOT``: what an ImageFolder dataset holds and what training would trip over, before training."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = (
+    "Check an ImageFolder dataset before training: images per class and split, unreadable files, images in two "
+    "splits or classes, symlinks, sizes and modes (exit status 1 on problems)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("root", help="dataset folder, as data.root (a folder without train/val/test is one split)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="threads decoding images (default: the cores available, up to 8)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from linvit.train.data_check import check_image_folder
+    from linvit.train.data_options import available_cores
+
+    workers = args.workers if args.workers is not None else min(8, available_cores())
+    if workers < 1:
+        print(f"error: --workers must be at least 1, got {workers}", file=sys.stderr)
+        return 2
+
+    def progress(stream, total):
+        return tqdm(stream, total=total, desc="decoding", unit="image", disable=not sys.stderr.isatty())
+
+    try:
+        report = check_image_folder(args.root, workers=workers, progress=progress)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 1 if report.problems() else 0
