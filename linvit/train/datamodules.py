@@ -299,6 +299,11 @@ class FashionMNISTDataModule(ClassificationDataModule):
         images, labels = load_fashion_mnist_arrays(self.root, "train")
         test_images, test_labels = load_fashion_mnist_arrays(self.root, "test")
         self._check_num_classes(int(labels.max()) + 1, "Fashion-MNIST")
+        if self.val_size >= len(labels):
+            raise ValueError(
+                f"data.val_size={self.val_size} holds out all {len(labels)} Fashion-MNIST training images: "
+                f"set it below {len(labels)} (e.g. 5000)."
+            )
         train, val = stratified_split(labels, self.val_size / len(labels), self.split_seed)
         common = {"img_size": self.img_size, "in_chans": self.in_chans, "mean": self.mean, "std": self.std}
         augment = {"augment": self.augment, "hflip": self.hflip}

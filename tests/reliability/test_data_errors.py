@@ -383,3 +383,27 @@ def test_more_data_workers_than_cores_are_capped_with_a_warning(image_root, capl
     assert datamodule.train_dataloader().num_workers == cores
     with pytest.raises(ValueError, match=r"data\.num_workers must be a non-negative integer, got -1"):
         _datamodule(image_root, num_workers=-1)
+
+
+def test_a_fashion_mnist_val_size_beyond_the_data_is_named_as_given(monkeypatch):
+    import linvit.train.datamodules as datamodules
+
+    images, labels = np.zeros((40, 28, 28), dtype=np.uint8), np.arange(40) % 10
+    monkeypatch.setattr(datamodules, "load_fashion_mnist_arrays", lambda root, split: (images, labels))
+    with pytest.raises(ValueError, match=r"data\.val_size=70000 holds out all 40"):
+        datamodules.FashionMNISTDataModule(val_size=70_000).setup("fit")
+    with pytest.raises(ValueError, match=r"data\.val_size must be a positive integer, got 0\.5"):
+        datamodules.FashionMNISTDataModule(val_size=0.5)
+
+
+def test_a_pass_cut_short_reports_its_skipped_files_at_teardown(image_root, caplog):
+    names = _add_bad_files(image_root)
+    datamodule = _datamodule(image_root)
+    datamodule.setup("fit")
+    for index in range(len(datamodule.train_set)):  # read, as a pass that Lightning stops early (fast_dev_run)
+        datamodule.train_set[index]
+    with caplog.at_level(logging.WARNING):
+        datamodule.teardown("fit")
+    reports = [r.getMessage() for r in caplog.records if all(n in r.getMessage() for n in names)]
+    assert len(reports) == 1
+    assert [Path(path).name for path in datamodule.skipped_files()] == sorted(names)
