@@ -8,16 +8,19 @@ rebuilds them as plain ``OrderedDict`` objects and never imports or calls the or
 global is refused with an error that names it; ``trusted=True`` lifts the restriction for files the user trusts.
 
 timm integration: a family's model defines ``load_pretrained(self, checkpoint_path)`` that calls
-:func:`load_pretrained_file`, its pretrained cfgs set ``custom_load=True``, and its ``_create_*`` function passes its
-kwargs through :func:`route_pretrained_to_model` (timm 1.0.31 resets ``custom_load`` to False when
-``pretrained_cfg_overlay`` names a ``file`` or ``url``; this sets it back). timm's ``load_pretrained`` then hands the
-file to the model instead of reading it with its own loader (which refuses the pickled config and prefers EMA
-weights), so ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the
-authors' raw files, safetensors from ``linvit convert``, and plain state dicts alike.
+:func:`load_pretrained_file`, and its ``_create_*`` function builds through :func:`build_model_loading_safely`
+(timm's ``build_model_with_cfg`` with the kwargs passed through :func:`route_pretrained_to_model`: timm 1.0.31 resets
+``custom_load`` to False when ``pretrained_cfg_overlay`` names a ``file`` or ``url``; this sets it back). timm's
+``load_pretrained`` then hands the file to the model instead of reading it with its own loader (which refuses the
+pickled config, prefers EMA weights and fails on a bad file with a bare ``EOFError``/``KeyError``), so
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the authors' raw files,
+safetensors from ``linvit convert``, and plain state dicts alike, and a bad file is a short :class:`CheckpointError`
+naming it. ``timm.create_model(..., trusted=True)`` is the opt-in for a pickle that runs code.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import pickle
@@ -35,6 +38,7 @@ from torch import nn
 __all__ = [
     "CheckpointError",
     "UntrustedCheckpointError",
+    "build_model_loading_safely",
     "extract_model_state_dict",
     "load_checkpoint_file",
     "describe_mismatch",
@@ -138,12 +142,14 @@ def _pickle_bytes(path: Path) -> bytes | None:
         return None
 
 
-def _scan_pickle(data: bytes) -> tuple[int | None, list[str]]:
-    """Protocol and ``module.name`` globals of a pickle stream, parsed with pickletools (nothing is executed).
+def _scan_pickle(data: bytes) -> tuple[int | None, list[str], bool]:
+    """Protocol, ``module.name`` globals and completeness (a STOP reached) of a pickle stream, parsed with
+    pickletools (nothing is executed).
 
     ``STACK_GLOBAL`` (protocol 4+) takes its names from the two strings pushed before it (directly or via the memo).
     """
     protocol: int | None = None
+    complete = False
     found: list[str] = []
     strings: list[str] = []
     memo: dict[int, Any] = {}
@@ -158,6 +164,7 @@ def _scan_pickle(data: bytes) -> tuple[int | None, list[str]]:
             elif name == "STACK_GLOBAL" and len(strings) >= 2:
                 found.append(f"{strings[-2]}.{strings[-1]}")
             elif name == "STOP":
+                complete = True
                 break
             if isinstance(arg, str) and "UNICODE" in name:
                 strings.append(arg)
@@ -174,7 +181,7 @@ def _scan_pickle(data: bytes) -> tuple[int | None, list[str]]:
                 last = None
     except Exception:  # a truncated stream: report what was read
         pass
-    return protocol, list(dict.fromkeys(found))
+    return protocol, list(dict.fromkeys(found)), complete
 
 
 def _refusal_reason(error: BaseException) -> str | None:
@@ -191,7 +198,9 @@ def _unsupported_protocol_error(path: Path, error: BaseException) -> UntrustedCh
     if "unsupported operand" not in str(error).lower():
         return None
     data = _pickle_bytes(path)
-    protocol, names = _scan_pickle(data) if data is not None else (None, [])
+    protocol, names, complete = _scan_pickle(data) if data is not None else (None, [], False)
+    if not complete:  # not a whole pickle (text, a cut file): corrupt, not a protocol matter
+        return None
     unsafe = [name for name in names if not name.startswith(_SAFE_GLOBAL_PREFIXES)]
     if unsafe:
         named = f"It names Python objects the safe loader would refuse: {', '.join(unsafe[:8])}."
@@ -206,6 +215,35 @@ def _unsupported_protocol_error(path: Path, error: BaseException) -> UntrustedCh
         "once in a trusted environment with "
         "`torch.save(state_dict, path)` (default protocol) or `linvit convert SRC DST.safetensors --trusted`."
     )
+
+
+def _describe_contents(path: Path) -> str:
+    """What the first bytes of an unreadable file say it is (read only, nothing is parsed or run)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(64)
+    except OSError:
+        return "it could not be read"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (PyTorch's format) that is incomplete or damaged, e.g. a download or save cut short"
+    if head[:1] == b"\x80":
+        return "a pickle stream that is incomplete or damaged"
+    if len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000:
+        return "a safetensors file (name it *.safetensors) or a damaged one"
+    text = head.decode("utf-8", errors="ignore")  # a character cut at byte 64 is dropped
+    if text.startswith("version https://git-lfs"):
+        return "a Git LFS pointer, not the weights: fetch them with `git lfs pull`"
+    if text.lstrip().lower().startswith(("<!doctype html", "<html")):
+        return "an HTML page, not weights (a download that saved an error or login page?)"
+    if text and all(char.isprintable() or char in "\t\n\r" for char in text):
+        return f"text, not a checkpoint (it starts with {text.splitlines()[0][:40]!r})"
+    return "not a PyTorch checkpoint (neither a zip archive nor a pickle)"
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """The loader's own message, short: its first sentence or line (PyTorch's zip errors run to a paragraph)."""
+    line = str(error).strip().split("\n")[0].split(". ")[0]
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def load_checkpoint_file(
@@ -226,6 +264,10 @@ def load_checkpoint_file(
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file not found: '{path}'. Check the path (a file, not a directory).")
+    if path.stat().st_size == 0:
+        raise CheckpointError(
+            f"Checkpoint '{path}' is empty (0 bytes): its save or download did not finish. Save or download it again."
+        )
     if path.name.endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -234,7 +276,8 @@ def load_checkpoint_file(
             return dict(load_file(str(path), device=device))
         except Exception as error:
             raise CheckpointError(
-                f"Could not read safetensors file '{path}' (truncated or corrupt?): {error}"
+                f"Could not read safetensors file '{path}' (truncated or corrupt?): {_first_line(error)}. Save, "
+                "download or convert it again."
             ) from error
 
     try:
@@ -259,9 +302,15 @@ def load_checkpoint_file(
                 f"load it with trusted=True (runs arbitrary code from the file), or convert it once with "
                 f"`linvit convert` in a trusted environment. Loader message: {reason}"
             ) from error
-        raise CheckpointError(f"Could not unpickle checkpoint '{path}' (truncated or corrupt?): {error}") from error
+        raise CheckpointError(
+            f"Could not read checkpoint '{path}' (truncated or corrupt?): it is {_describe_contents(path)}. "
+            f"Save or download it again. Loader message: {_first_line(error)}"
+        ) from error
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, ImportError) as error:
-        raise CheckpointError(f"Could not read checkpoint '{path}' (truncated or corrupt?): {error}") from error
+        raise CheckpointError(
+            f"Could not read checkpoint '{path}' (truncated or corrupt?): it is {_describe_contents(path)}. "
+            f"Save or download it again. Loader message: {_first_line(error)}"
+        ) from error
     if not isinstance(checkpoint, Mapping):
         raise CheckpointError(
             f"Checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict (a state dict or a training "
@@ -426,7 +475,7 @@ def load_pretrained_file(
     filter_fn: Callable[[dict[str, torch.Tensor], nn.Module], dict[str, torch.Tensor]] | None = None,
     *,
     use_ema: bool = False,
-    trusted: bool = False,
+    trusted: bool | None = None,
     strict: bool = True,
 ) -> None:
     """Load a foreign or native checkpoint file into ``model`` (what a model's ``load_pretrained`` calls).
@@ -436,17 +485,25 @@ def load_pretrained_file(
     model's input channels and drops a classifier of another size, then compares names and shapes with the model
     before touching it: any difference raises a short :class:`CheckpointError` (counts, first few names, the
     registered variant the file fits) and leaves the model as it was. ``strict=False`` loads what matches.
+    ``trusted=None`` takes the choice made at creation (``timm.create_model(..., trusted=True)``), else False.
     """
+    if trusted is None:
+        trusted = _TRUSTED_LOAD.get()
     checkpoint = load_checkpoint_file(path, trusted=trusted, map_location="cpu")
-    raw_state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
-    state_dict = filter_fn(dict(raw_state_dict), model) if filter_fn is not None else raw_state_dict
     pretrained_cfg = getattr(model, "pretrained_cfg", None) or {}
+    architecture = pretrained_cfg.get("architecture")
+    target = f"{architecture} ({type(model).__name__})" if architecture else type(model).__name__
+    try:
+        raw_state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+        state_dict = filter_fn(dict(raw_state_dict), model) if filter_fn is not None else raw_state_dict
+    except (ValueError, KeyError, IndexError, RuntimeError, TypeError) as error:  # the family filter on foreign keys
+        raise CheckpointError(
+            f"Checkpoint '{path}' holds no weights {target} can use: {_first_line(error, limit=400)}"
+        ) from error
     allowed_missing = _adapt_classifier_and_stem(state_dict, model, pretrained_cfg)
     missing, unexpected, mismatched = state_dict_mismatch(state_dict, model.state_dict())
     missing = [key for key in missing if key not in allowed_missing]
     if strict and (missing or unexpected or mismatched):
-        architecture = pretrained_cfg.get("architecture")
-        target = f"{architecture} ({type(model).__name__})" if architecture else type(model).__name__
         fits = _variants_that_fit(model, raw_state_dict, filter_fn)
         if fits:
             hint = (
@@ -472,6 +529,9 @@ def load_pretrained_file(
 
 _FILE_SOURCES = ("file", "url")
 
+# `trusted=` given to timm.create_model, for the model's load_pretrained (timm calls it with the path only)
+_TRUSTED_LOAD: contextvars.ContextVar[bool] = contextvars.ContextVar("linvit_trusted_load", default=False)
+
 
 def route_pretrained_to_model(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Make timm hand a user-supplied weight ``file``/``url`` to the model's own ``load_pretrained``.
@@ -487,3 +547,22 @@ def route_pretrained_to_model(kwargs: dict[str, Any]) -> dict[str, Any]:
             cfg.setdefault("custom_load", True)
             kwargs[key] = cfg
     return kwargs
+
+
+def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    """timm's ``build_model_with_cfg`` for a linvit family, with a weight file read by the model's own safe loader.
+
+    ``kwargs`` go to ``build_model_with_cfg`` through :func:`route_pretrained_to_model`, less ``trusted`` (default
+    False): ``trusted=True`` lets :func:`load_pretrained_file` unpickle a file that runs code, for files the user
+    trusts, e.g. ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), trusted=True)``.
+    """
+    from timm.models import build_model_with_cfg
+
+    trusted = kwargs.pop("trusted", False)
+    if not isinstance(trusted, bool):
+        raise TypeError(f"trusted must be True or False, got {trusted!r} ({type(trusted).__name__})")
+    token = _TRUSTED_LOAD.set(trusted)
+    try:
+        return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
+    finally:
+        _TRUSTED_LOAD.reset(token)

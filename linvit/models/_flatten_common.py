@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg
 from torch import nn
 
 from linvit.attention import resize_positional_table
-from linvit.models._checkpoint import extract_model_state_dict, route_pretrained_to_model
+from linvit.models._checkpoint import build_model_loading_safely, extract_model_state_dict
 
 __all__ = [
     "conv_stage_grids",
@@ -187,11 +186,10 @@ def create_flatten_model(
 ) -> nn.Module:
     """timm's `build_model_with_cfg` for a FLatten family: `filter_fn` converts checkpoints, `features_only` gets
     timm's getter over `forward_intermediates` (`out_indices` from kwargs, else `default_out_indices`), and a
-    pretrained file is routed to the model's own loader."""
+    pretrained file is routed to the model's own loader (``trusted=True`` in kwargs: see build_model_loading_safely)."""
     out_indices = kwargs.pop("out_indices", default_out_indices)
-    kwargs = route_pretrained_to_model(kwargs)
     feature_cfg = {"flatten_sequential": True} if flatten_sequential else {}
     feature_cfg.update(feature_cls="getter", out_indices=out_indices)
-    return build_model_with_cfg(
+    return build_model_loading_safely(
         model_cls, variant, pretrained, pretrained_filter_fn=filter_fn, feature_cfg=feature_cfg, **kwargs
     )

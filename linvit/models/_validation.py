@@ -1,15 +1,16 @@
 """Input checks every family calls at its entry, so a wrong input fails with a clear message instead of deep inside.
 
-``check_image_batch(x, in_chans, min_size=None, model_name="...")`` raises ``TypeError`` / ``ValueError`` naming
-what was given, what is expected and how to fix it. It is an FX leaf (``register_notrace_function``), so symbolic
-tracing never sees proxies inside it, and it returns at once under ``torch.jit.trace`` (the traced graph would not
-keep Python checks anyway) and under FX symbolic tracing (plain ``torch.fx.symbolic_trace`` included).
-Under TorchScript it compiles and runs like any scripted function.
+``check_image_batch(x, in_chans, min_size=None, model_name="...", weight_dtype=None)`` raises ``TypeError`` /
+``ValueError`` naming what was given, what is expected and how to fix it. It is an FX leaf
+(``register_notrace_function``), so symbolic tracing never sees proxies inside it, and it returns at once under
+``torch.jit.trace`` (the traced graph would not keep Python checks anyway) and under FX symbolic tracing (plain
+``torch.fx.symbolic_trace`` included). Under TorchScript it compiles and runs like any scripted function (all but the
+dtype check, which needs the autocast state).
 
 Adopt it in a family's ``forward_features`` / ``forward_intermediates``::
 
     from linvit.models._validation import check_image_batch
-    x = check_image_batch(x, self.in_chans, model_name="FlattenSwin")
+    x = check_image_batch(x, self.in_chans, model_name="FlattenSwin", weight_dtype=self.patch_embed.proj.weight.dtype)
 """
 
 import torch
@@ -35,6 +36,7 @@ def check_image_batch(
     in_chans: int,
     min_size: tuple[int, int] | None = None,
     model_name: str = "the model",
+    weight_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Check that ``x`` is a float (B, in_chans, H, W) batch with H, W >= ``min_size``; return ``x`` unchanged.
 
@@ -43,9 +45,11 @@ def check_image_batch(
         in_chans: the channel count the model was built with (``in_chans=`` at creation).
         min_size: smallest accepted (H, W), or None for no limit (use ``min_size_pair`` to turn an int into a pair).
         model_name: named in the messages, e.g. ``"linvit_tiny"`` or the class name.
+        weight_dtype: the dtype of the model's first layer; outside autocast the input must have it (checked in
+            eager mode and under torch.compile, not in TorchScript).
 
     Raises:
-        TypeError: ``x`` is not a tensor, or not floating point.
+        TypeError: ``x`` is not a tensor, not floating point, or of another dtype than the weights (no autocast).
         ValueError: ``x`` is not 4-D, has the wrong number of channels, or is smaller than ``min_size``.
     """
     if not torch.jit.is_scripting():
@@ -84,4 +88,25 @@ def check_image_batch(
             f"{x.shape[2]}x{x.shape[3]} (input shape {list(x.shape)}); resize or pad the images, "
             "e.g. torch.nn.functional.interpolate(x, size=...)"
         )
+    if not torch.jit.is_scripting():
+        _check_dtype(x, weight_dtype, model_name)
     return x
+
+
+# the Tensor method that converts to a dtype, for the messages (x.float(), model.half(), ...)
+_DTYPE_METHODS = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
+
+
+def _check_dtype(x: torch.Tensor, weight_dtype: torch.dtype | None, model_name: str) -> None:
+    """Outside autocast, a layer refuses an input of another dtype than its weights, deep inside and without a fix."""
+    if weight_dtype is None or x.dtype == weight_dtype or torch.is_autocast_enabled(x.device.type):
+        return
+    to_weights = f"x.{_DTYPE_METHODS[weight_dtype]}()" if weight_dtype in _DTYPE_METHODS else f"x.to({weight_dtype})"
+    to_input = f"model.{_DTYPE_METHODS[x.dtype]}()" if x.dtype in _DTYPE_METHODS else f"model.to({x.dtype})"
+    fixes = f"convert the input with {to_weights} or the model with {to_input}"
+    if x.dtype in (torch.float16, torch.bfloat16):  # a low-precision input: mixed precision is the usual intent
+        fixes += f", or run the model under torch.autocast({x.device.type!r}, dtype={x.dtype}) (mixed precision)"
+    raise TypeError(
+        f"{model_name} has {weight_dtype} weights but got a {x.dtype} input (shape {list(x.shape)}); the dtypes must "
+        f"match: {fixes}"
+    )

@@ -459,6 +459,12 @@ class FlattenCSwin(ClassifierHeadMixin, nn.Module):
         """timm's `custom_load` entry: read the authors' .pth (or a converted file) safely and convert it."""
         load_pretrained_file(self, checkpoint_path, filter_fn=checkpoint_filter_fn)
 
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
+        return check_image_batch(
+            x, self.in_chans, self.min_input_size, "FlattenCSwin", weight_dtype=self.stem.conv.weight.dtype
+        )
+
     def forward_intermediates(
         self,
         x: torch.Tensor,
@@ -471,7 +477,7 @@ class FlattenCSwin(ClassifierHeadMixin, nn.Module):
         """Forward and collect stage outputs (NCHW); `norm` applies the final LayerNorm to the last stage's tap."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
-        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FlattenCSwin")
+        x = self._check_input(x)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         last_index = len(self.stages) - 1
@@ -491,7 +497,7 @@ class FlattenCSwin(ClassifierHeadMixin, nn.Module):
         return x, intermediates
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FlattenCSwin")
+        x = self._check_input(x)
         return self.norm(self.stages(self.stem(x)))
 
 

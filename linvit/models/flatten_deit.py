@@ -84,6 +84,7 @@ class FLattenDeiTAttention(FocusedLinearAttention):
         B, N, C = x.shape
         prefix = self.num_prefix_tokens
         heads = self.num_heads
+        head_dim = C // heads  # spelled out in the reshapes: -1 is ambiguous for an empty batch
         q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
         table = self.positional_encoding
         assert table is not None and self.pos_size is not None
@@ -94,9 +95,9 @@ class FLattenDeiTAttention(FocusedLinearAttention):
         q = focused_feature_map(_at_least_float32(q), scale, self.focusing_factor)
         k = focused_feature_map(_at_least_float32(k), scale, self.focusing_factor)
         out = linear_attention(
-            q.reshape(B, N, heads, -1).transpose(1, 2),
-            k.reshape(B, N, heads, -1).transpose(1, 2),
-            v.reshape(B, N, heads, -1).transpose(1, 2),
+            q.reshape(B, N, heads, head_dim).transpose(1, 2),
+            k.reshape(B, N, heads, head_dim).transpose(1, 2),
+            v.reshape(B, N, heads, head_dim).transpose(1, 2),
         )
         out = out.transpose(1, 2).reshape(B, N, C).to(v.dtype)
         dwc = self.dwc
@@ -104,11 +105,11 @@ class FLattenDeiTAttention(FocusedLinearAttention):
             # DWC on the patch tokens only: each head's values as a (d, H, W) image through the one shared conv.
             images = (
                 v[:, prefix:]
-                .reshape(B, hw[0], hw[1], heads, -1)
+                .reshape(B, hw[0], hw[1], heads, head_dim)
                 .permute(0, 3, 4, 1, 2)
-                .reshape(B * heads, -1, hw[0], hw[1])
+                .reshape(B * heads, head_dim, hw[0], hw[1])
             )
-            local = dwc(images).reshape(B, heads, -1, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, -1, C)
+            local = dwc(images).reshape(B, heads, head_dim, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, N - prefix, C)
             out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
         return self.proj_drop(self.proj(out))
 
@@ -364,8 +365,14 @@ class FLattenDeiT(nn.Module):
             x = x + pos_embed
         return self.pos_drop(x), hw
 
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
+        return check_image_batch(
+            x, self.in_chans, self.min_input_size, "FLattenDeiT", weight_dtype=self.patch_embed.proj.weight.dtype
+        )
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FLattenDeiT")
+        x = self._check_input(x)
         x, hw = self._embed(x)
         for block in self.blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
@@ -404,7 +411,7 @@ class FLattenDeiT(nn.Module):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         intermediates: list[torch.Tensor] = []
         prefixes: list[torch.Tensor] = []
-        x = check_image_batch(x, self.in_chans, min_size=self.min_input_size, model_name="FLattenDeiT")
+        x = self._check_input(x)
         B = x.shape[0]
         x, hw = self._embed(x)
         blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[: max_index + 1]
@@ -418,7 +425,7 @@ class FLattenDeiT(nn.Module):
                 prefixes.append(tokens[:, : self.num_prefix_tokens])
                 patches = tokens[:, self.num_prefix_tokens :]
                 if output_fmt == "NCHW":
-                    patches = patches.reshape(B, hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+                    patches = patches.reshape(B, hw[0], hw[1], patches.shape[-1]).permute(0, 3, 1, 2).contiguous()
                 intermediates.append(patches)
         if return_prefix_tokens:  # timm's ViT convention: (spatial, prefix tokens) pairs
             intermediates = list(zip(intermediates, prefixes))  # type: ignore[arg-type]

@@ -324,6 +324,12 @@ class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
         """timm's `custom_load` entry: read the authors' .pth (or a converted file) safely and convert it."""
         load_pretrained_file(self, checkpoint_path, filter_fn=checkpoint_filter_fn)
 
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
+        return check_image_batch(
+            x, self.in_chans, model_name=self.model_name, weight_dtype=self.stages[0].patch_embed.proj.weight.dtype
+        )
+
     def forward_intermediates(
         self,
         x: torch.Tensor,
@@ -336,7 +342,7 @@ class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
         """Forward and collect stage outputs (NCHW). Every stage ends in its own LayerNorm; `norm` changes nothing."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
-        x = check_image_batch(x, self.in_chans, model_name=self.model_name)
+        x = self._check_input(x)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         if torch.jit.is_scripting() or not stop_early:
@@ -352,7 +358,7 @@ class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
         return x, intermediates
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_image_batch(x, self.in_chans, model_name=self.model_name)  # the convolutions take any size
+        x = self._check_input(x)  # the convolutions take any size
         return self.stages(x)
 
 

@@ -278,8 +278,14 @@ class FLattenSwinTransformer(nn.Module):
     def _stem(self, x: torch.Tensor) -> torch.Tensor:
         return self.patch_embed(x).permute(0, 3, 1, 2)
 
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
+        return check_image_batch(
+            x, self.in_chans, model_name="FLattenSwinTransformer", weight_dtype=self.patch_embed.proj.weight.dtype
+        )
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_image_batch(x, self.in_chans, model_name="FLattenSwinTransformer")  # pads any size
+        x = self._check_input(x)  # pads any size
         x = self._stem(x)
         x = self.layers(x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -312,7 +318,7 @@ class FLattenSwinTransformer(nn.Module):
         """
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}.")
-        x = check_image_batch(x, self.in_chans, model_name="FLattenSwinTransformer")
+        x = self._check_input(x)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.layers), indices)
         num_stages = len(self.layers)

@@ -22,14 +22,16 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, register_notrace_function
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.layers import ClassifierHead
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
 from linvit.layers import ConvDownsample, ConvStem, TransformerBlock, map_to_tokens, tokens_to_map
+from linvit.models._checkpoint import build_model_loading_safely, load_pretrained_file
 from linvit.models._classifier import ClassifierHeadMixin
+from linvit.models._validation import check_image_batch
 
 __all__ = ["LinViT", "LinViTStage"]
 
@@ -37,30 +39,6 @@ DEFAULT_ATTN_LAYERS = ("focused", "focused", "window", "window")
 # global linear-attention kinds: their learnable position table would tie parameters to the input size, and the
 # blocks' convolutional position encoding already gives position, so linvit builds them with pos_encoding="none"
 LINEAR_ATTENTIONS = ("focused", "linear", "elu", "favor", "taylor")
-
-
-@register_notrace_function
-def check_image_input(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """Validate the model input (a leaf under FX tracing, so the checks never see proxies)."""
-    if x.dim() != 4:
-        raise ValueError(
-            f"LinViT expects a 4-D image batch (B, C, H, W), got a {x.dim()}-D tensor of shape {list(x.shape)}; "
-            "add a batch dimension with x.unsqueeze(0) for a single image"
-        )
-    if not x.is_floating_point():
-        raise TypeError(
-            f"LinViT expects a floating-point image tensor, got dtype {x.dtype}; "
-            "convert with x.float() (and normalise, e.g. x / 255) first"
-        )
-    if x.shape[1] != in_chans:
-        raise ValueError(
-            f"LinViT was built for {in_chans} input channels, got {x.shape[1]} (input shape {list(x.shape)}); "
-            f"convert the images or create the model with in_chans={x.shape[1]}"
-        )
-    return x
-
-
-torch.fx.wrap("check_image_input")
 
 
 class LinViTStage(nn.Module):
@@ -257,6 +235,11 @@ class LinViT(ClassifierHeadMixin, nn.Module):
             ],
         }
 
+    @torch.jit.ignore
+    def load_pretrained(self, checkpoint_path: str) -> None:
+        """timm's ``custom_load`` entry: read a weight file safely, adapt stem and classifier, check it fits."""
+        load_pretrained_file(self, checkpoint_path)
+
     # ------------------------------------------------------------------------------------------------ forward
     def forward_intermediates(
         self,
@@ -273,7 +256,7 @@ class LinViT(ClassifierHeadMixin, nn.Module):
         """
         if output_fmt != "NCHW":
             raise ValueError(f"LinViT intermediates are NCHW maps, got output_fmt={output_fmt!r}; use 'NCHW'")
-        x = check_image_input(x, self.in_chans)
+        x = self._check_input(x)
         intermediates: list[torch.Tensor] = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         last_index = len(self.stages) - 1
@@ -292,12 +275,15 @@ class LinViT(ClassifierHeadMixin, nn.Module):
             x = self._norm_map(x)
         return x, intermediates
 
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        return check_image_batch(x, self.in_chans, model_name="LinViT", weight_dtype=self.stem.conv1.weight.dtype)
+
     def _norm_map(self, x: torch.Tensor) -> torch.Tensor:
         # LayerNorm over channels on the channels-last (B, H, W, C) view: no copy either way
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_image_input(x, self.in_chans)
+        x = self._check_input(x)
         x = self.stem(x)
         x = self.stages(x)
         return self._norm_map(x)
@@ -305,8 +291,9 @@ class LinViT(ClassifierHeadMixin, nn.Module):
 
 # ---------------------------------------------------------------------------------------------------- factory
 def _create_linvit(variant: str, pretrained: bool = False, **kwargs) -> LinViT:
+    """timm's builder; a weight file (``pretrained_cfg_overlay=dict(file=...)``) goes to ``LinViT.load_pretrained``."""
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
+    return build_model_loading_safely(
         LinViT,
         variant,
         pretrained,

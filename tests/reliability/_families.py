@@ -44,4 +44,4 @@ SHALLOW_KWARGS = {
 def create_shallow(name: str, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name)`` with fewer blocks (SHALLOW_KWARGS) where its family is known."""
     shallow = SHALLOW_KWARGS.get(_model_to_module.get(name, ""), {})
-    return timm.create_model(name, pretrained=False, **shallow, **kwargs)
+    return timm.create_model(name, **{"pretrained": False, **shallow, **kwargs})

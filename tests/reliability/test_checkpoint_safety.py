@@ -3,12 +3,15 @@
 Nothing may execute code from a checkpoint by default; every refusal names the explicit opt-in.
 """
 
+import datetime
 import pickle
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from _families import create_shallow, smallest_variant_per_family
+from safetensors.torch import save_file
 
 import linvit  # noqa: F401
 from linvit.models._checkpoint import CheckpointError, UntrustedCheckpointError, load_pretrained_file
@@ -84,6 +87,84 @@ def test_timm_pretrained_file_goes_through_the_safe_loader(tmp_path):
     with pytest.raises(UntrustedCheckpointError):
         timm.create_model("flatten_pvt_v2_b0", pretrained=True, pretrained_cfg_overlay={"file": str(path)})
     assert not marker.exists()
+
+
+# -- every family, every kind of bad file, through timm.create_model ------------------------------------------------
+def _bad_file(kind: str, name: str, folder: Path, marker: Path) -> tuple[Path, type, str]:
+    """A bad weight file of one kind for model ``name``, the error it must raise and a pattern its message matches."""
+    weights = create_shallow(name).state_dict()
+    path = folder / f"{kind}.pth"
+    if kind == "zero_bytes":
+        path.write_bytes(b"")
+        return path, CheckpointError, r"empty \(0 bytes\)"
+    if kind in ("truncated", "truncated_safetensors"):
+        if kind == "truncated":
+            torch.save(weights, path)
+        else:
+            path = path.with_suffix(".safetensors")
+            save_file(weights, str(path))
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+        return path, CheckpointError, r"truncated"
+    if kind == "text":
+        path.write_text("Not Found\n")
+        return path, CheckpointError, r"text, not a checkpoint \(it starts with 'Not Found'\)"
+    if kind == "list":
+        torch.save(list(weights.values()), path)
+        return path, CheckpointError, r"holds a list, expected a dict"
+    if kind == "missing":
+        return path, CheckpointError, r"not found"
+    if kind == "no_tensors":
+        torch.save({"epoch": 3, "config": {"lr": 0.1}}, path)
+        return path, CheckpointError, r"no state dict"
+    if kind == "another_family":
+        other = "linvit_nano" if not name.startswith("linvit") else "flatten_pvt_v2_b0"
+        torch.save(create_shallow(other).state_dict(), path)
+        return path, CheckpointError, r"does not match|no weights .* can use"
+    if kind == "runs_code":
+        _write_payload_checkpoint(path, marker)
+        return path, UntrustedCheckpointError, r"trusted=True"
+    raise AssertionError(kind)
+
+
+BAD_FILE_KINDS = [
+    "zero_bytes",
+    "truncated",
+    "truncated_safetensors",
+    "text",
+    "list",
+    "missing",
+    "no_tensors",
+    "another_family",
+    "runs_code",
+]
+
+
+@pytest.mark.parametrize("kind", BAD_FILE_KINDS)
+@pytest.mark.parametrize("name", smallest_variant_per_family())
+def test_every_family_names_a_bad_weight_file_in_a_short_error(tmp_path, name, kind):
+    marker = tmp_path / "code_ran"
+    path, error, pattern = _bad_file(kind, name, tmp_path, marker)
+    with pytest.raises(error, match=pattern) as info:
+        create_shallow(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    message = str(info.value)
+    assert str(path) in message, f"the error does not name the file: {message}"
+    assert len(message) < 1200, f"the error should be short, got {len(message)} characters"
+    assert not marker.exists(), "loading executed code from the file"
+
+
+@pytest.mark.parametrize("name", smallest_variant_per_family())
+def test_every_family_loads_a_trusted_pickle_when_asked(tmp_path, name):
+    torch.manual_seed(0)
+    weights = create_shallow(name).state_dict()
+    path = tmp_path / "trusted.pth"
+    torch.save({"model": weights, "saved_on": datetime.date(2024, 1, 2)}, path)  # a global the safe loader refuses
+    with pytest.raises(UntrustedCheckpointError, match=r"datetime\.date"):
+        create_shallow(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    model = create_shallow(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, trusted=True)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, weights[key], msg=key)
+    with pytest.raises(TypeError, match=r"trusted must be True or False"):
+        create_shallow(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, trusted="yes")
 
 
 # -- the training entry ---------------------------------------------------------------------------------------------

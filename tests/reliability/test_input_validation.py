@@ -35,6 +35,25 @@ def test_check_image_batch_names_what_was_given_expected_and_the_fix(x, error, p
     assert str(info.value).startswith("linvit_tiny ")
 
 
+@pytest.mark.parametrize(
+    "dtype, pattern",
+    [
+        (torch.float16, r"float32 weights but got a torch\.float16 input.*x\.float\(\).*model\.half\(\).*autocast"),
+        (torch.bfloat16, r"float32 weights but got a torch\.bfloat16 input.*x\.float\(\).*model\.bfloat16\(\)"),
+        (torch.float64, r"float32 weights but got a torch\.float64 input.*x\.float\(\).*model\.double\(\)"),
+    ],
+)
+def test_an_input_of_another_dtype_than_the_weights_names_both_and_the_fixes(dtype, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        check_image_batch(torch.randn(1, 3, 8, 8, dtype=dtype), 3, weight_dtype=torch.float32, model_name="m")
+
+
+def test_autocast_lets_a_low_precision_input_into_a_float_model():
+    x = torch.randn(1, 3, 8, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert check_image_batch(x, 3, weight_dtype=torch.float32) is x
+
+
 def test_check_image_batch_passes_good_input_through():
     x = torch.randn(2, 3, 8, 9, dtype=torch.bfloat16)
     assert check_image_batch(x, 3, min_size=min_size_pair(8)) is x
@@ -108,15 +127,24 @@ def _assert_clear_entry_errors(name: str) -> None:
         model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"(?s)in_chans=1"):
         model.forward_features(torch.randn(1, 1, 32, 32))
-    # the smallest images either work (the model pads) or get a ValueError that names the minimum
-    for size in (1, 2, 5):
-        try:
-            with torch.no_grad():
-                out = model(torch.randn(1, 3, size, size))
-        except ValueError as error:
-            assert "at least" in str(error), f"{name} at {size}x{size}: {error}"
-        else:
-            assert out.shape == (1, 5) and torch.isfinite(out).all()
+
+
+def _assert_layout_and_dtype_errors(name: str) -> None:
+    model = _model(name)
+    with pytest.raises(ValueError, match=r"(?s)channels-last.*x\.permute\(0, 3, 1, 2\)"):
+        model(torch.randn(1, 64, 64, 3))
+    with pytest.raises(TypeError, match=r"(?s)float32 weights.*float16 input.*x\.float\(\).*model\.half\(\)"):
+        model(torch.randn(1, 3, 64, 64, dtype=torch.float16))
+
+
+def _assert_an_empty_batch_gives_empty_outputs(name: str) -> None:
+    model = _model(name)
+    empty = torch.randn(0, 3, 224, 224)
+    with torch.no_grad():
+        assert model(empty).shape == (0, 5)
+        full = model.forward_intermediates(torch.randn(1, 3, 224, 224), intermediates_only=True)
+        taps = model.forward_intermediates(empty, intermediates_only=True)
+    assert [tuple(t.shape) for t in taps] == [(0, *t.shape[1:]) for t in full]
 
 
 @pytest.mark.parametrize("name", _params(smallest_variant_per_family()))
@@ -124,7 +152,19 @@ def test_every_family_rejects_bad_input_at_its_entry(name):
     _assert_clear_entry_errors(name)
 
 
+@pytest.mark.parametrize("name", smallest_variant_per_family())
+def test_every_family_names_channels_last_and_dtype_mismatches(name):
+    _assert_layout_and_dtype_errors(name)
+
+
+@pytest.mark.parametrize("name", smallest_variant_per_family())
+def test_every_family_takes_an_empty_batch(name):
+    _assert_an_empty_batch_gives_empty_outputs(name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _params(linvit_model_names()))
 def test_every_registered_model_rejects_bad_input_at_its_entry(name):
     _assert_clear_entry_errors(name)
+    _assert_layout_and_dtype_errors(name)
+    _assert_an_empty_batch_gives_empty_outputs(name)
