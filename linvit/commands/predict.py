@@ -183,14 +183,28 @@ def predict(
     trusted: bool = False,
 ):
     """[(class index, probability, label or None)] for the top-k classes, best first."""
+    import pickle
+
     import torch
+    from safetensors import SafetensorError
+
+    from linvit.models._checkpoint import CheckpointError
 
     if not Path(image).is_file():
         raise FileNotFoundError(f"image {image!r} does not exist")
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
     side_config = read_side_config(checkpoint, trusted) if checkpoint else {}
-    model = build_model(model_name, checkpoint, side_config).to(device).eval()
+    try:
+        model = build_model(model_name, checkpoint, side_config).to(device).eval()
+    except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError) as error:
+        if checkpoint is None:
+            raise
+        # a model outside linvit's families reads the file with timm's loader, which does not name it
+        raise CheckpointError(
+            f"Could not load the weights in '{checkpoint}' into {model_name}: {str(error).strip()[:300]}. If the file "
+            "is truncated or corrupt, save, download or export it again; if it holds another model, pass that --model."
+        ) from error
     if model.num_classes <= 0:
         raise ValueError(f"{model_name} has no classifier (num_classes=0): nothing to predict")
     labels = label_names_for(model, checkpoint, side_config)

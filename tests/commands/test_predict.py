@@ -97,3 +97,20 @@ def test_cli_reports_missing_files(tmp_path, image, capsys):
 def test_cli_unknown_model(image, capsys):
     assert main(["predict", image, "--model", "not_a_model_xyz"]) == 1
     assert "linvit models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_name, with_config", [("linvit_nano", True), ("linvit_nano", False), ("resnet18", True)])
+def test_cli_names_a_truncated_safetensors_file(tmp_path, image, capsys, model_name, with_config):
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, num_classes=10)
+    weights = tmp_path / "model.safetensors"
+    save_file(model.state_dict(), str(weights))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    if with_config:
+        # classes and channels known: the weights are read once, by the model's loader (timm's, for resnet18)
+        config = {"architecture": model_name, "num_classes": 10, "model_args": {"in_chans": 3}}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["predict", image, "--model", model_name, "--checkpoint", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert str(weights) in err and "truncated or corrupt" in err, err
+    assert "Traceback" not in err
