@@ -5,6 +5,15 @@ from pathlib import Path
 # Benchmarks and tests share small multi-op kernels; a spinning OpenMP wait policy makes them crawl on shared cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Without a GPU the Triton kernels are tested through Triton's CPU interpreter, which must be switched on before any
+# kernel is defined (`triton.jit` reads it at decoration). On a CUDA machine the same tests run the compiled kernels.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover - torch is a dependency
+    pass
 
 # Test file names repeat across folders (tests/attention/test_export.py, tests/commands/test_export.py), so pytest
 # imports them with --import-mode=importlib, which puts no test folder on sys.path. Helper modules that live beside

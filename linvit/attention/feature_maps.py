@@ -13,7 +13,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._numerics import at_least_float32, full_precision_bmm
+from linvit.ops._numerics import at_least_float32, full_precision_bmm
 
 __all__ = [
     "KERNEL_NAMES",

@@ -7,19 +7,12 @@ Per (window of the) map, with x (B, N, C):
     o = o + DWC(v)                                      (one depthwise k×k conv shared by all heads)
     out = proj(o)
 
-Layout (this is what makes it fast; the math is the reference's): everything stays in token layout (B, N, C), the
-layout the qkv and output projections want. q, k, v are strided views of the qkv output; the heads are views
-(B, N, h, d) that the per-head GEMMs of `linear_attention_tokens` read in place, whose result comes back in token
-layout; the focusing norms run over the contiguous last dimension; and v is a channels-last image for the DWC,
-which runs as one depthwise conv over all C channels with the shared (d, 1, k, k) kernel tiled over the heads
-(channel head·d + j uses kernel j: exactly the per-head conv of the reference). The reference's permute/contiguous
-copies between (B, N, C), (B, h, N, d) and (B·h, d, H, W), which cost as much as its matmuls on a CPU, are gone.
-With autograd off, the map's shift and temperature go into the projection, (x Wᵀ + b + eps) / s ==
-x (W/s)ᵀ + (b + eps)/s (a 3C×C op on the weights instead of two passes over the queries and keys; float32 only, as
-under fp16 autocast W/s could overflow), so relu(·) + eps over s is one clamp; the map then runs in place on q|k
-inside the module's own qkv buffer, and the attention output is accumulated into the DWC output, so inference
-allocates few large temporaries (on CPUs each new large block can page-fault again, which costs as much as the
-arithmetic). With autograd on, the map runs out of place on the raw q, k in the order whose backward is cheapest.
+The computation lives in `linvit.ops.linear_attention_qkv` (backends: "torch" eager, the CPU default; "triton"
+fused kernels, the CUDA default; "naive" reference), which reads q|k|v straight from the qkv projection's output and
+returns (B, n, C) before the output projection; `backend=` chooses per module, `linvit.ops.set_backend` per process.
+With autograd off, in float32 and on the torch backend, the map's shift and temperature go into the projection,
+(x Wᵀ + b + eps) / s == x (W/s)ᵀ + (b + eps)/s (a 3C×C op on the weights instead of a pass over the queries and
+keys; not under fp16 autocast, where W/s could overflow), and the op maps that buffer in place.
 """
 
 import torch
@@ -27,7 +20,6 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._numerics import at_least_float32, autocast_device_type
 from linvit.attention._windows import (
     check_token_grid,
     clamp_window,
@@ -38,7 +30,10 @@ from linvit.attention._windows import (
     window_reverse,
 )
 from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map
-from linvit.attention.linear import linear_attention_tokens
+from linvit.ops import BACKENDS, linear_attention_qkv, resolve_backend
+from linvit.ops._numerics import at_least_float32, autocast_device_type
+from linvit.ops.linear_attention import torch as eager
+from linvit.ops.linear_attention.torch import channels_last_image, linear_attention_tokens
 
 __all__ = ["FocusedLinearAttention", "POS_ENCODINGS", "resize_positional_table"]
 
@@ -49,6 +44,7 @@ POS_ENCODINGS = ("learnable", "conv", "none")
 torch.fx.wrap("check_token_grid")
 torch.fx.wrap("padding_valid_map")
 torch.fx.wrap("at_least_float32")
+torch.fx.wrap("linear_attention_qkv")
 
 
 def resize_positional_table(table: Tensor, table_size: tuple[int, int], size: tuple[int, int]) -> Tensor:
@@ -78,138 +74,24 @@ def _can_fold_temperature(x: Tensor, weight: Tensor) -> bool:
     return not torch.is_autocast_enabled(autocast_device_type(x))
 
 
-def scale_queries_keys(qk: Tensor, inverse_temperature: Tensor, feature_eps: float) -> Tensor:
-    """(q|k + eps) / s for the raw (B, n, 2C) q|k, as a new tensor in at least float32 (one pass)."""
-    inverse = at_least_float32(inverse_temperature).repeat(2)
-    return torch.addcmul(inverse * feature_eps, qk, inverse)
-
-
 @torch.fx.wrap
-def focused_projection(
+def folded_projection(
     x: Tensor, weight: Tensor, bias: Tensor | None, inverse_temperature: Tensor, feature_eps: float
-) -> tuple[Tensor, Tensor]:
-    """The qkv projection with the focused map's shift and temperature applied: returns (qk, v).
+) -> Tensor:
+    """The qkv projection with the focused map's shift and temperature folded in: q|k come out as (x + eps) / s.
 
-    qk (B, n, 2C) holds (q + eps) / s | (k + eps) / s in at least float32, in a buffer of this call's own; v (B, n, C)
-    is the projection's v. In float32 the 1/s and eps go into the weights and bias (a 3C×C op) instead of two
-    passes over the 2C×n queries and keys: x (W/s)ᵀ + (b + eps)/s == (x Wᵀ + b + eps)/s.
+    x (W/s)ᵀ + (b + eps)/s == (x Wᵀ + b + eps)/s: a 3C×C op on the weights instead of a pass over the 2C×n queries
+    and keys (float32 only, see `_can_fold_temperature`).
     """
     dim = weight.shape[0] // 3
-    if _can_fold_temperature(x, weight):
-        inverse = inverse_temperature.repeat(2)
-        folded_weight = torch.cat([weight[: 2 * dim] * inverse.unsqueeze(-1), weight[2 * dim :]])
-        qk_bias = inverse * feature_eps
-        value_bias = torch.zeros_like(inverse[:dim])
-        if bias is not None:
-            qk_bias = torch.addcmul(qk_bias, bias[: 2 * dim], inverse)
-            value_bias = bias[2 * dim :]
-        qk, v = F.linear(x, folded_weight, torch.cat([qk_bias, value_bias])).split([2 * dim, dim], dim=-1)
-        return qk, v
-    qk, v = F.linear(x, weight, bias).split([2 * dim, dim], dim=-1)
-    return scale_queries_keys(qk, inverse_temperature, feature_eps), v
-
-
-def _focused_features(
-    qk: Tensor, key_position: Tensor | None, inverse: Tensor, power: float, feature_eps: float, prescaled: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The focused map of q and k: returns (q^p, k^p · α_k, α_q), α = ‖x‖ / ‖x^p‖ per token (see the module)."""
-    channels = qk.shape[-1] // 2
-    grad = torch.is_grad_enabled()
-    if prescaled and not grad:
-        # q|k = (x + eps) / s is this call's own buffer: the map runs in place, on both halves in each pass;
-        # relu(x) + eps, over s, is max((x + eps) / s, eps / s) for s > 0
-        if key_position is not None:
-            qk[..., channels:].addcmul_(key_position, inverse)
-        qk = qk.clamp_min_((inverse * feature_eps).repeat(2))
-        q, k = qk[..., :channels], qk[..., channels:]
-        q_norm = torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)  # on (B, n, C) views: a reduction over
-        k_norm = torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)  # (B, n, 2, C) is far slower on CPUs
-        if power != 1.0:
-            qk.pow_(power)
-    else:
-        # out of place, in the order whose backward is cheapest (relu's is one masked pass; a tensor max's is not)
-        q, k = qk.unflatten(-1, (2, channels)).unbind(-2)
-        if prescaled:
-            if key_position is not None:
-                k = k + key_position * inverse
-            floor = inverse * feature_eps
-            q, k = torch.maximum(q, floor), torch.maximum(k, floor)
-        else:
-            if key_position is not None:
-                k = k + key_position
-            q = (F.relu(q) + feature_eps) * inverse
-            k = (F.relu(k) + feature_eps) * inverse
-        q_norm = torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)
-        k_norm = torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)
-        if power != 1.0:
-            q, k = q.pow(power), k.pow(power)
-    q_factor = q_norm / torch.linalg.vector_norm(q, ord=2, dim=-1, keepdim=True)  # (B, n, 1)
-    k_factor = k_norm / torch.linalg.vector_norm(k, ord=2, dim=-1, keepdim=True)
-    # q's factor folds into the small per-token normaliser; k's must scale k itself (it is summed over tokens)
-    k = k.mul_(k_factor) if prescaled and not grad else k * k_factor
-    return q, k, q_factor
-
-
-def _focused_core(
-    qk: Tensor,
-    v: Tensor,
-    inverse_temperature: Tensor,
-    key_position: Tensor | None,
-    num_heads: int,
-    focusing_factor: float,
-    key_mask: Tensor | None,
-    eps: float,
-    feature_eps: float,
-    residual: Tensor | None,
-    prescaled: bool,
-) -> Tensor:
-    batch, tokens, channels = v.shape
-    inverse = at_least_float32(inverse_temperature)
-    qk = at_least_float32(qk)
-    v = at_least_float32(v)
-    if key_position is not None:
-        key_position = at_least_float32(key_position)
-    q, k, q_factor = _focused_features(qk, key_position, inverse, focusing_factor, feature_eps, prescaled)
-    heads = (batch, tokens, num_heads, channels // num_heads)
-    if residual is not None:
-        residual = residual.view(heads)
-    out = linear_attention_tokens(
-        q.view(heads), k.view(heads), v.view(heads), key_mask, q_factor.unsqueeze(-1), eps, residual, True
-    )
-    return out.view(batch, tokens, channels)
-
-
-@torch.fx.wrap
-def focused_linear_core(
-    qk: Tensor,
-    v: Tensor,
-    inverse_temperature: Tensor,
-    key_position: Tensor | None,
-    num_heads: int,
-    focusing_factor: float,
-    key_mask: Tensor | None,
-    eps: float,
-    feature_eps: float = 1e-6,
-    residual: Tensor | None = None,
-    prescaled: bool = False,
-) -> Tensor:
-    """Focused map + linear attention (+ residual), float32 with autocast off; returns float32 (B, n, C).
-
-    qk: (B, n, 2C) q|k. Raw with prescaled=False; with prescaled=True already shifted and scaled, (· + eps) / s with
-    s the temperature (see `focused_projection`), and owned by the caller: overwritten when autograd is off.
-    v: (B, n, C). inverse_temperature: 1/s, (C,). key_position: a positional encoding P (broadcast to (B, n, C))
-    added to the keys, or None. residual: accumulated into (it must be a temporary of the caller).
-    """
-    if torch.jit.is_scripting():
-        return _focused_core(
-            qk, v, inverse_temperature, key_position, num_heads, focusing_factor, key_mask, eps, feature_eps,
-            residual, prescaled,
-        )  # fmt: skip
-    with torch.autocast(device_type=autocast_device_type(qk), enabled=False):
-        return _focused_core(
-            qk, v, inverse_temperature, key_position, num_heads, focusing_factor, key_mask, eps, feature_eps,
-            residual, prescaled,
-        )  # fmt: skip
+    inverse = inverse_temperature.repeat(2)
+    folded_weight = torch.cat([weight[: 2 * dim] * inverse.unsqueeze(-1), weight[2 * dim :]])
+    qk_bias = inverse * feature_eps
+    value_bias = torch.zeros_like(inverse[:dim])
+    if bias is not None:
+        qk_bias = torch.addcmul(qk_bias, bias[: 2 * dim], inverse)
+        value_bias = bias[2 * dim :]
+    return F.linear(x, folded_weight, torch.cat([qk_bias, value_bias]))
 
 
 @torch.fx.wrap
@@ -221,20 +103,6 @@ def mapped_linear_core(
         return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
     with torch.autocast(device_type=autocast_device_type(q), enabled=False):
         return linear_attention_tokens(q, k, v, key_mask, None, eps, residual, True)
-
-
-def _channels_last_image(x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-    """(B', n, C) tokens -> (B', C, gh, gw) image in channels-last memory (a view of a dense copy of x).
-
-    The dense copy (x is usually a strided slice of the qkv output) is what the depthwise conv wants: it is cheap
-    (rows of C contiguous values) and lets the conv run channels-last without a transpose. Masked (padded) tokens
-    are zeroed, so they act like the conv's own zero padding.
-    """
-    if key_mask is not None:
-        x = x * key_mask.unsqueeze(-1).to(x.dtype)
-    else:
-        x = x.contiguous()
-    return x.view(-1, grid[0], grid[1], x.shape[-1]).permute(0, 3, 1, 2)
 
 
 class FocusedLinearAttention(nn.Module):
@@ -269,6 +137,11 @@ class FocusedLinearAttention(nn.Module):
         eps: added to the normaliser q·mean(k) (the authors' 1e-6).
         with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
             the (B, N, C) output before projection (for HybridAttention, which shares one qkv between branches).
+        num_prefix_tokens: leading tokens (class tokens) before the H×W grid: they attend and are attended to, but
+            have no position (no positional encoding, no DWC); global attention only. forward then takes
+            N = num_prefix_tokens + H·W tokens.
+        backend: implementation of the attention core, "auto" (fused Triton kernels on CUDA, eager PyTorch
+            otherwise, or what `linvit.ops.set_backend` chose), "torch", "triton" or "naive" (the slow reference).
     """
 
     def __init__(
@@ -288,11 +161,20 @@ class FocusedLinearAttention(nn.Module):
         num_random_features: int | None = None,
         eps: float = 1e-6,
         with_projections: bool = True,
+        num_prefix_tokens: int = 0,
+        backend: str = "auto",
         device=None,
         dtype=None,
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        if backend not in BACKENDS:
+            raise ValueError(f"Unknown backend {backend!r}; valid backends are {', '.join(BACKENDS)}.")
+        if num_prefix_tokens and window_size is not None:
+            raise ValueError(
+                f"num_prefix_tokens={num_prefix_tokens} needs global attention (window_size=None): prefix tokens "
+                "belong to no window."
+            )
         if dim % num_heads != 0:
             raise ValueError(
                 f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
@@ -311,6 +193,8 @@ class FocusedLinearAttention(nn.Module):
         self.focusing_factor = float(focusing_factor)
         self.eps = eps
         self.feature_eps = 1e-6  # relu(x) + 1e-6 in the focused map (the authors' constant)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.backend = backend
         self.window_size: tuple[int, int] | None = None
         if window_size is not None:
             self.window_size = to_pair(window_size, "window_size")
@@ -361,8 +245,9 @@ class FocusedLinearAttention(nn.Module):
             self.dwc = None
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
-        x = check_token_grid(x, hw)
+        """x: (B, N, C) with N == num_prefix_tokens + H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
+        prefix = self.num_prefix_tokens
+        check_token_grid(x[:, prefix:] if prefix else x, hw)
         window = self.window_size
         if window is None:
             out = self._attend(x, hw, None)
@@ -399,35 +284,71 @@ class FocusedLinearAttention(nn.Module):
 
     def _mix(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """The attention mixture of the tokens, before the output projection."""
-        if self.feature_map is not None:
+        if self.kernel == "favor" or self.kernel == "taylor":
             return self._mix_mapped(x, grid, key_mask)
-        assert self.scale is not None
-        inverse_temperature = 1.0 / F.softplus(at_least_float32(self.scale).view(-1))  # 1/s, (C,)
-        # Inference: the temperature and eps go into the projection and the map runs in place on its output;
-        # training: the raw q|k, in the order whose backward is cheapest.
-        prescaled = not torch.is_grad_enabled() and self.qkv is not None and self.positional_conv is None
-        if prescaled:
+        inverse_temperature: Tensor | None = None
+        if self.scale is not None:
+            inverse_temperature = 1.0 / F.softplus(at_least_float32(self.scale).view(-1))  # 1/s, (C,)
+        prescaled = False
+        if torch.jit.is_scripting():
+            qkv = self.qkv(x) if self.qkv is not None else x
+        elif inverse_temperature is not None and self._folds_temperature(x):
             assert self.qkv is not None
-            qk, v = focused_projection(x, self.qkv.weight, self.qkv.bias, inverse_temperature, self.feature_eps)
+            qkv = folded_projection(x, self.qkv.weight, self.qkv.bias, inverse_temperature, self.feature_eps)
+            prescaled = True
         else:
             qkv = self.qkv(x) if self.qkv is not None else x
-            qk, v = qkv.split([2 * self.dim, self.dim], dim=-1)
         key_position: Tensor | None = None
         if self.positional_encoding is not None:
-            key_position = resize_positional_table(self.positional_encoding, self.pos_size, grid)  # (1, n, C)
+            key_position = resize_positional_table(self.positional_encoding, self.pos_size, grid)[0]  # (n, C)
         elif self.positional_conv is not None:
-            key_position = self._positional_conv(qk[..., self.dim :], grid, key_mask)
-        residual: Tensor | None = None
+            key_position = self._positional_conv(qkv[:, :, self.dim : 2 * self.dim], grid, key_mask)
+        dwc_weight: Tensor | None = None
+        dwc_bias: Tensor | None = None
         if self.dwc is not None:
-            residual = self._depthwise_conv_values(v, grid, key_mask)  # added inside the core's last pass
-        heads, power, eps, feature_eps = self.num_heads, self.focusing_factor, self.eps, self.feature_eps
-        out = focused_linear_core(
-            qk, v, inverse_temperature, key_position, heads, power, key_mask, eps, feature_eps, residual, prescaled
+            dwc_weight, dwc_bias = self.dwc.weight, self.dwc.bias
+        if torch.jit.is_scripting():
+            return eager.scriptable_linear_attention_qkv(
+                qkv, grid, self.num_heads, self.kernel, inverse_temperature, self.focusing_factor, key_position,
+                dwc_weight, dwc_bias, key_mask, self.num_prefix_tokens, self.eps, self.feature_eps, False,
+            )  # fmt: skip
+        return self._linear_attention(
+            qkv, grid, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, prescaled
         )
-        return out.to(v.dtype)
+
+    @torch.jit.unused
+    def _linear_attention(
+        self,
+        qkv: Tensor,
+        grid: tuple[int, int],
+        inverse_temperature: Tensor | None,
+        key_position: Tensor | None,
+        dwc_weight: Tensor | None,
+        dwc_bias: Tensor | None,
+        key_mask: Tensor | None,
+        prescaled: bool,
+    ) -> Tensor:
+        """The attention core through the ops layer, on this module's backend."""
+        return linear_attention_qkv(
+            qkv, hw=grid, num_heads=self.num_heads, feature_map=self.kernel, inverse_temperature=inverse_temperature,
+            focusing_factor=self.focusing_factor, key_position=key_position, dwc_weight=dwc_weight,
+            dwc_bias=dwc_bias, key_mask=key_mask, num_prefix_tokens=self.num_prefix_tokens, eps=self.eps,
+            feature_eps=self.feature_eps, prescaled=prescaled, backend=self.backend,
+        )  # fmt: skip
+
+    @torch.jit.unused
+    def _folds_temperature(self, x: Tensor) -> bool:
+        """Fold the temperature into the projection: inference, float32, no conv positions, the eager backend."""
+        return (
+            not torch.is_grad_enabled()
+            and self.qkv is not None
+            and self.positional_conv is None
+            and _can_fold_temperature(x, self.qkv.weight)
+            and resolve_backend(self.backend, x.device) == "torch"
+        )
 
     def _mix_mapped(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-        """_mix for the kernels other than focused: φ(q), φ(k) through the feature-map module."""
+        """_mix for the kernels with their own feature-map module (FAVOR+, Taylor): eager, φ(q), φ(k) materialised."""
         qkv = self.qkv(x) if self.qkv is not None else x
         q, k, v = qkv.unflatten(-1, (3, self.dim)).unbind(-2)  # strided (B', n, C) views
         if self.positional_encoding is not None:
@@ -436,40 +357,21 @@ class FocusedLinearAttention(nn.Module):
             k = k + self._positional_conv(k, grid, key_mask)
         residual: Tensor | None = None
         if self.dwc is not None:
-            residual = self._depthwise_conv_values(v, grid, key_mask)
+            residual = eager.depthwise_conv_values(
+                v, grid, key_mask, self.dwc.weight, self.dwc.bias, self.num_heads
+            ).unflatten(-1, (self.num_heads, self.head_dim))
         assert self.feature_map is not None
         heads = (self.num_heads, self.head_dim)
         q_mapped = self.feature_map(at_least_float32(q).unflatten(-1, heads), True)
         k_mapped = self.feature_map(at_least_float32(k).unflatten(-1, heads), False)
-        if residual is not None:
-            residual = residual.unflatten(-1, heads)
         out = mapped_linear_core(q_mapped, k_mapped, v.unflatten(-1, heads), key_mask, self.eps, residual)
         return out.flatten(2).to(v.dtype)
 
     def _positional_conv(self, k: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """The conv positional encoding of the keys k (B', n, C), in token layout."""
         assert self.positional_conv is not None
-        position = self.positional_conv(_channels_last_image(k, grid, key_mask))
+        position = self.positional_conv(channels_last_image(k, grid, key_mask))
         return position.permute(0, 2, 3, 1).reshape(k.shape)
-
-    def _depthwise_conv_values(self, v: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
-        """DWC(v) for v (B', n, C), with one (d, 1, k, k) conv shared by the heads, as one conv over all C channels.
-
-        Channel c = head·d + j of v uses kernel j: tiling the kernel h times equals running the shared conv on each
-        head's (d, gh, gw) image, without the (B'·h, d, gh, gw) copy. In windowed mode the conv runs per window (as
-        the authors do: their linear blocks see one window at a time, and a window is the unit the attention and
-        its positional table are defined on), with the window's padded tokens zeroed so they act like the conv's
-        own zero padding.
-        """
-        dwc = self.dwc
-        assert dwc is not None
-        image = _channels_last_image(v, grid, key_mask)
-        weight = dwc.weight.repeat(self.num_heads, 1, 1, 1).to(image.dtype)
-        bias = dwc.bias
-        if bias is not None:
-            bias = bias.repeat(self.num_heads).to(image.dtype)
-        out = F.conv2d(image, weight, bias, padding=self.dwc_padding, groups=self.dim)
-        return out.permute(0, 2, 3, 1).reshape(v.shape)
 
     def extra_repr(self) -> str:
         window = "global" if self.window_size is None else f"window_size={self.window_size}"

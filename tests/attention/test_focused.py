@@ -6,45 +6,21 @@ import torch.nn.functional as F
 
 from linvit.attention import FocusedLinearAttention, create_attention, linear_attention
 from linvit.attention.feature_maps import elu_feature_map, relu_feature_map, taylor_feature_map
+from linvit.ops.linear_attention import naive
 
 
 def reference_focused(module, x, hw, table=None, p=3.0):
-    """Steps 1-10 of the FLatten operator, as the authors compute them, for an (H, W) map (any shape)."""
-    height, width = hw
-    batch, tokens, channels = x.shape
-    heads = module.num_heads
-    # 1. q, k, v from one linear layer.
-    q, k, v = module.qkv(x).reshape(batch, tokens, 3, channels).permute(2, 0, 1, 3).unbind(0)
-    # 2. positional encoding on k only.
-    if table is not None:
-        k = k + table
-    # 3. ReLU kernel with the authors' eps.
-    q = F.relu(q) + 1e-6
-    k = F.relu(k) + 1e-6
-    # 4. learnable temperature softplus(scale).
-    scale = F.softplus(module.scale)
-    q = q / scale
-    k = k / scale
-    # 5. focusing function, norms over all C channels before the head split.
-    q_norm = q.norm(dim=-1, keepdim=True)
-    k_norm = k.norm(dim=-1, keepdim=True)
-    q = q**p
-    k = k**p
-    q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
-    k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
-    # 6. split heads.
-    q, k, v = (t.reshape(batch, tokens, heads, -1).permute(0, 2, 1, 3) for t in (q, k, v))
-    # 7. mean form.
-    z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-    kv = (k.transpose(-2, -1) * (tokens**-0.5)) @ (v * (tokens**-0.5))
-    # 8.
-    out = q @ kv * z
-    out = out.transpose(1, 2).reshape(batch, tokens, channels)
-    # 9. DWC on v laid out (B·h, d, H, W), one conv shared by the heads.
-    if module.dwc is not None:
-        v_image = v.reshape(batch * heads, height, width, -1).permute(0, 3, 1, 2)
-        out = out + module.dwc(v_image).reshape(batch, channels, tokens).permute(0, 2, 1)
-    # 10. projection.
+    """The module's math by the package's reference (the published steps, the N×N attention written out)."""
+    out = naive.linear_attention_qkv(
+        module.qkv(x),
+        hw=hw,
+        num_heads=module.num_heads,
+        inverse_temperature=1.0 / F.softplus(module.scale.view(-1)),
+        focusing_factor=p,
+        key_position=table,
+        dwc_weight=None if module.dwc is None else module.dwc.weight,
+        dwc_bias=None if module.dwc is None else module.dwc.bias,
+    )
     return module.proj(out)
 
 
@@ -232,34 +208,6 @@ def test_inference_path_equals_autograd_path(kwargs):
     with torch.inference_mode():
         module(x, (5, 6))
     assert torch.equal(x, x_copy)  # the input is never written
-
-
-def test_prescaled_core_equals_raw_core_with_gradients():
-    """The two entry forms of the core, raw q|k and (q|k + eps) / s, agree in value and in every gradient.
-
-    The module feeds the prescaled form only without autograd, but an FX graph traced under no_grad keeps that
-    form when it is later trained, so its backward must be right too.
-    """
-    from linvit.attention.focused import focused_linear_core, scale_queries_keys
-
-    generator = torch.Generator().manual_seed(3)
-    qk = torch.randn(2, 12, 16, generator=generator, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(2, 12, 8, generator=generator, dtype=torch.float64, requires_grad=True)
-    scale = torch.randn(8, generator=generator, dtype=torch.float64, requires_grad=True)
-    position = torch.randn(1, 12, 8, generator=generator, dtype=torch.float64, requires_grad=True)
-
-    def run(prescaled):
-        inverse = 1.0 / F.softplus(scale)
-        inputs = scale_queries_keys(qk, inverse, 1e-6) if prescaled else qk
-        return focused_linear_core(inputs, v, inverse, position, 2, 3.0, None, 1e-6, prescaled=prescaled)
-
-    raw, prescaled = run(False), run(True)
-    torch.testing.assert_close(prescaled, raw, rtol=1e-10, atol=1e-12)
-    grads = [torch.autograd.grad(out.square().sum(), (qk, v, scale, position)) for out in (raw, prescaled)]
-    for got, expected in zip(grads[1], grads[0]):
-        torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10)
-    with torch.no_grad():  # the in-place inference form of the prescaled core
-        torch.testing.assert_close(run(True), raw, rtol=1e-10, atol=1e-12)
 
 
 def test_temperature_is_folded_into_the_projection_only_in_full_precision():

@@ -17,20 +17,9 @@ from linvit.attention import (
     relu_feature_map,
     taylor_feature_map,
 )
+from linvit.ops.linear_attention.naive import materialised_linear_attention
 
 EPS = 1e-6
-
-
-def materialised_linear_attention(q, k, v, key_mask=None, eps=EPS):
-    """(φ(Q)φ(K)ᵀ / rowsum) V written out with the N×N matrix, mean form: A = φ(Q)φ(K)ᵀ / N_kept."""
-    scores = q @ k.transpose(-2, -1)  # (B, h, N, N)
-    if key_mask is not None:
-        scores = scores * key_mask[:, None, None, :].to(scores.dtype)
-        kept = key_mask.to(scores.dtype).sum(-1)[:, None, None, None]
-    else:
-        kept = k.shape[-2]
-    scores = scores / kept
-    return (scores @ v) / (scores.sum(-1, keepdim=True) + eps)
 
 
 def _favor(x):

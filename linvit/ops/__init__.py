@@ -1,0 +1,28 @@
+"""Functional operator cores with interchangeable backends: "naive" (reference), "torch" (eager), "triton" (fused).
+
+One folder per operator, each with `naive.py`, `torch.py` and `triton.py` behind one keyword-only signature (the
+layout of flash-linear-attention). Modules in :mod:`linvit.attention` hold the parameters and call these; choose
+the implementation per module (``backend=``) or for the whole process::
+
+    import linvit.ops
+
+    linvit.ops.set_backend("torch")          # or LINVIT_BACKEND=torch in the environment
+    with linvit.ops.use_backend("naive"):    # for a block
+        ...
+
+"auto" (the default) runs the Triton kernels on CUDA tensors when Triton imports, eager PyTorch otherwise.
+"""
+
+from linvit.ops._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
+from linvit.ops.linear_attention import FEATURE_MAPS, linear_attention_qkv
+
+__all__ = [
+    "BACKENDS",
+    "FEATURE_MAPS",
+    "get_backend",
+    "linear_attention_qkv",
+    "resolve_backend",
+    "set_backend",
+    "triton_available",
+    "use_backend",
+]

@@ -1,0 +1,238 @@
+"""linear_attention_qkv: every backend against the package's naive reference, in value and in every gradient.
+
+The Triton kernels run compiled on a CUDA machine and through Triton's interpreter on the CPU (tests/conftest.py sets
+TRITON_INTERPRET=1 there), so their correctness never depends on having a GPU; shapes stay small for the interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linvit.ops import BACKENDS, get_backend, linear_attention_qkv, resolve_backend, set_backend, use_backend
+from linvit.ops.linear_attention import naive
+
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _case(feature_map: str, hw: tuple[int, int], heads: int, head_dim: int, **options) -> dict:
+    """One configuration: options kernel (DWC size, 0 for none), power, mask, position ("shared", "batched", None),
+    prefix (class tokens)."""
+    return {"feature_map": feature_map, "hw": hw, "heads": heads, "head_dim": head_dim, **options}
+
+
+CASES = {
+    "focused": _case("focused", (5, 7), 2, 16, kernel=5, power=3.0, mask=True),
+    "focused_odd_head_dim": _case("focused", (6, 4), 3, 24, kernel=3, power=2.0),
+    "focused_batched_position": _case("focused", (4, 9), 2, 16, position="batched"),
+    "focused_class_token": _case("focused", (3, 5), 1, 32, prefix=1, power=4.5),
+    "focused_no_dwc_one_row": _case("focused", (1, 11), 2, 16, kernel=0, mask=True),
+    "relu": _case("relu", (7, 3), 2, 16, kernel=5, mask=True),
+    "elu": _case("elu", (4, 4), 2, 16, kernel=0, position=None),
+}
+
+
+def _inputs(case: dict, dtype=torch.float64, device="cpu", batch=2, seed=0) -> tuple[torch.Tensor, dict]:
+    """qkv and the keyword arguments of one case, as leaf tensors (the parameters require grad)."""
+    generator = torch.Generator().manual_seed(seed)
+    heads, head_dim, prefix = case["heads"], case["head_dim"], case.get("prefix", 0)
+    channels, tokens = heads * head_dim, prefix + case["hw"][0] * case["hw"][1]
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator, dtype=torch.float64) * scale).to(device, dtype)
+
+    kwargs = {"hw": case["hw"], "num_heads": heads, "feature_map": case["feature_map"], "num_prefix_tokens": prefix}
+    leaves = {"qkv": randn(batch, tokens, 3 * channels)}
+    if case["feature_map"] == "focused":
+        leaves["inverse_temperature"] = 1.0 / torch.nn.functional.softplus(randn(channels, scale=0.5))
+        kwargs["focusing_factor"] = case.get("power", 3.0)
+    position = case.get("position", "shared")
+    if position is not None:
+        leaves["key_position"] = randn(batch if position == "batched" else 1, tokens - prefix, channels, scale=0.5)
+    kernel = case.get("kernel", 5)
+    if kernel:
+        leaves["dwc_weight"] = randn(head_dim, 1, kernel, kernel, scale=0.3)
+        leaves["dwc_bias"] = randn(head_dim, scale=0.3)
+    if case.get("mask"):
+        kwargs["key_mask"] = (torch.rand(batch, tokens, generator=generator) > 0.3).to(device)
+    for value in leaves.values():
+        value.requires_grad_(True)
+    qkv = leaves.pop("qkv")
+    return qkv, {**kwargs, **leaves}
+
+
+def _run(backend: str, qkv: torch.Tensor, kwargs: dict, grad_out: torch.Tensor):
+    """Output and the gradients of (qkv, every tensor argument that requires grad), for one backend."""
+    leaves = [qkv] + [v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    out = linear_attention_qkv(qkv, backend=backend, **kwargs)
+    return out, torch.autograd.grad(out, leaves, grad_out)
+
+
+def _cast(qkv, kwargs, dtype, device):
+    """The same leaves in another dtype / on another device (the mask stays bool)."""
+    moved = {}
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to(device, dtype if value.is_floating_point() else value.dtype)
+            moved[key] = value.requires_grad_(value.is_floating_point())
+        else:
+            moved[key] = value
+    return qkv.detach().to(device, dtype).requires_grad_(True), moved
+
+
+def _assert_close(got, expected, rtol):
+    """Max-norm relative error (per tensor), the measure that suits values of very different sizes."""
+    error = (got.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-30)
+    assert error <= rtol, f"relative error {error:.2e} > {rtol:.0e}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_backend_equals_naive_in_value_and_gradients(name):
+    qkv, kwargs = _inputs(CASES[name])
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
+    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+    out, grads = _run("torch", qkv, kwargs, grad_out)
+    _assert_close(out, expected, 1e-12)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got, want, 1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_triton_backend_equals_naive_in_value_and_gradients(name):
+    qkv, kwargs = _inputs(CASES[name])
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
+    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+    qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
+    out, grads = _run("triton", qkv32, kwargs32, grad_out.float().to(TRITON_DEVICE))
+    assert out.dtype == torch.float32 and out.device.type == TRITON_DEVICE.type
+    _assert_close(out.cpu(), expected, 2e-5)
+    for got, want in zip(grads, expected_grads):
+        assert got.shape == want.shape
+        _assert_close(got.cpu(), want, 5e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_half_inputs_keep_float32_state(dtype):
+    """Half-precision q|k|v in, the same dtype out; inside, the maps and S, z are float32, so the error is the
+    rounding of the inputs and of the output, not of the cubed features."""
+    qkv, kwargs = _inputs(CASES["focused"])
+    qkv_half, kwargs_half = _cast(qkv, kwargs, dtype, TRITON_DEVICE)
+    out = linear_attention_qkv(qkv_half, backend="triton", **kwargs_half)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    reference = naive.linear_attention_qkv(qkv_half.float().cpu(), **{k: _float(v) for k, v in kwargs_half.items()})
+    _assert_close(out.float().cpu(), reference, 1e-2)
+
+
+def _float(value):
+    return value.float().cpu() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def test_triton_is_deterministic():
+    qkv, kwargs = _inputs(CASES["focused"])
+    qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
+    grad_out = torch.randn(qkv32.shape[0], qkv32.shape[1], qkv32.shape[2] // 3, device=TRITON_DEVICE)
+    first, second = (_run("triton", qkv32, kwargs32, grad_out) for _ in range(2))
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch"])
+def test_gradcheck_float64(backend):
+    qkv, kwargs = _inputs(_case("focused", (2, 3), 2, 4, kernel=3, mask=True), batch=1)
+    leaves = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad}
+    others = {k: v for k, v in kwargs.items() if k not in leaves}
+
+    def function(qkv, *values):
+        return linear_attention_qkv(qkv, backend=backend, **others, **dict(zip(leaves, values)))
+
+    assert torch.autograd.gradcheck(function, (qkv, *leaves.values()), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", "triton"])
+def test_prescaled_queries_keys_equal_raw_ones(backend):
+    """prescaled=True takes q|k as (x + eps) / s (the temperature folded into the projection): same result."""
+    qkv, kwargs = _inputs(CASES["focused"])
+    device, dtype = (TRITON_DEVICE, torch.float32) if backend == "triton" else ("cpu", torch.float64)
+    qkv, kwargs = _cast(qkv, kwargs, dtype, device)
+    inverse = kwargs["inverse_temperature"]
+    channels = qkv.shape[-1] // 3
+    qk = (qkv[..., : 2 * channels] + 1e-6) * inverse.repeat(2)
+    prescaled_qkv = torch.cat([qk, qkv[..., 2 * channels :]], dim=-1)
+    expected = linear_attention_qkv(qkv, backend=backend, **kwargs)
+    with torch.no_grad():  # the torch backend then maps the caller's buffer in place
+        got = linear_attention_qkv(prescaled_qkv.detach().clone(), backend=backend, prescaled=True, **kwargs)
+    _assert_close(got, expected.detach(), 1e-5 if backend == "triton" else 1e-12)
+    if backend != "triton":  # the eager and reference forms are differentiable in both forms
+        grad = torch.autograd.grad(
+            linear_attention_qkv(prescaled_qkv, backend=backend, prescaled=True, **kwargs),
+            inverse,
+            torch.ones_like(expected),
+        )[0]
+        want = torch.autograd.grad(expected, inverse, torch.ones_like(expected))[0]
+        _assert_close(grad, want, 1e-10)
+    else:
+        out = linear_attention_qkv(prescaled_qkv, backend=backend, prescaled=True, **kwargs)
+        with pytest.raises(RuntimeError, match="prescaled=False when gradients are needed"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", "triton"])
+def test_an_empty_batch_returns_an_empty_output(backend):
+    qkv, kwargs = _inputs(CASES["focused"], batch=1)
+    qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE if backend == "triton" else "cpu")
+    kwargs.pop("key_mask")
+    out = linear_attention_qkv(qkv[:0], backend=backend, **kwargs)
+    assert out.shape == (0, qkv.shape[1], qkv.shape[2] // 3)
+
+
+def test_backend_choice_per_call_and_per_process(monkeypatch):
+    cpu = torch.device("cpu")
+    assert get_backend() == "auto" and resolve_backend("auto", cpu) == "torch"
+    assert resolve_backend("naive", cpu) == "naive"
+    with use_backend("naive"):
+        assert resolve_backend("auto", cpu) == "naive"
+        assert resolve_backend("torch", cpu) == "torch"  # a module's own choice wins
+    assert get_backend() == "auto"
+    set_backend("torch")
+    try:
+        assert resolve_backend("auto", cpu) == "torch"
+    finally:
+        set_backend("auto")
+    with pytest.raises(ValueError, match="valid backends are auto, torch, triton, naive"):
+        set_backend("cuda")
+    assert BACKENDS == ("auto", "torch", "triton", "naive")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        resolve_backend("triton", cpu)
+
+
+def test_environment_variable_sets_the_process_default():
+    import subprocess
+    import sys
+
+    from linvit.ops._backend import _checked
+
+    code = "import linvit.ops as o; print(o.get_backend())"
+    env = {"LINVIT_BACKEND": "naive", "PATH": ""}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "naive"
+    with pytest.raises(ValueError, match="Unknown LINVIT_BACKEND 'fast'; valid backends are"):
+        _checked("fast", "LINVIT_BACKEND")
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"feature_map": "softmax"}, "Unknown feature_map"),
+        ({"num_heads": 5}, "divisible by num_heads=5"),
+        ({"hw": (5, 6)}, "N must be num_prefix_tokens"),
+        ({"inverse_temperature": None}, "inverse_temperature"),
+        ({"key_position": torch.zeros(3, 32)}, "key_position must be"),
+        ({"dwc_weight": torch.zeros(32, 1, 5, 5)}, "dwc_weight must be"),
+        ({"key_mask": torch.ones(2, 7, dtype=torch.bool)}, "key_mask must be"),
+    ],
+)
+def test_wrong_arguments_say_what_is_expected(change, match):
+    qkv, kwargs = _inputs(CASES["focused"])
+    with pytest.raises(ValueError, match=match):
+        linear_attention_qkv(qkv, **{**kwargs, **change})
