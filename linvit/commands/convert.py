@@ -7,11 +7,14 @@ the model strictly, and writes DST (``.safetensors``, or a plain state dict for 
 
 Without ``--model`` the model is inferred: every registered linvit model whose family filter maps SRC onto it exactly
 is a candidate, and the one whose tensors need the least resizing wins (ties are an error listing the candidates).
+A classifier for another class count (or none) and a stem for other input channels fit too: the model is then
+created with ``num_classes`` / ``in_chans`` read from the weights, and the printed load command passes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -42,25 +45,75 @@ def _family_filter(model: Any):
     return getattr(module, "checkpoint_filter_fn", None)
 
 
-def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """Filtered state dict for model ``name`` (built on the meta device) and how many source tensors it reshaped.
+class _Misfit(ValueError):
+    """The weights do not fit a model; ``differences`` counts the keys that differ (to name the nearest model)."""
 
-    Raises ValueError when the weights do not fit the model exactly.
+    def __init__(self, message: str, differences: int):
+        super().__init__(message)
+        self.differences = differences
+
+
+def _layer_names(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _class_and_channel_args(model: Any, filtered: dict[str, Any]) -> dict[str, int]:
+    """``num_classes`` / ``in_chans`` the weights were saved with, where they differ from ``model``'s.
+
+    Read from the layers the pretrained cfg names: the classifier's rows (no classifier keys: 0 classes) and the
+    first convolution's input channels.
+    """
+    target = model.state_dict()
+    args: dict[str, int] = {}
+    heads = _layer_names(model.pretrained_cfg.get("classifier"))
+    head_weights = [f"{head}.weight" for head in heads if f"{head}.weight" in target]
+    if head_weights:
+        weight = head_weights[0]
+        if weight in filtered and filtered[weight].shape[0] != target[weight].shape[0]:
+            args["num_classes"] = int(filtered[weight].shape[0])
+        elif not any(key.startswith(tuple(f"{head}." for head in heads)) for key in filtered):
+            args["num_classes"] = 0
+    for conv in _layer_names(model.pretrained_cfg.get("first_conv")):
+        weight = f"{conv}.weight"
+        both = weight in filtered and weight in target and filtered[weight].ndim == target[weight].ndim == 4
+        if both and filtered[weight].shape[1] != target[weight].shape[1]:
+            args["in_chans"] = int(filtered[weight].shape[1])
+    return args
+
+
+def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, int]]:
+    """Filtered state dict for model ``name`` (built on the meta device), how many source tensors it reshaped, and
+    the ``num_classes`` / ``in_chans`` to create the model with when the weights have another classifier or stem.
+
+    Raises _Misfit (a ValueError) when the weights do not fit the model exactly.
     """
     import timm
     import torch
 
     from linvit.models._checkpoint import describe_mismatch, state_dict_mismatch
 
-    model = timm.create_model(name, pretrained=False, device="meta")
-    filter_fn = _family_filter(model)
-    filtered = filter_fn(dict(state_dict), model) if filter_fn is not None else dict(state_dict)
-    missing, unexpected, mismatched = state_dict_mismatch(filtered, model.state_dict())
-    if missing or unexpected or mismatched:
-        raise ValueError(f"weights do not fit {name}: {describe_mismatch(missing, unexpected, mismatched)}")
+    def fit(model_args: dict[str, int]) -> tuple[dict[str, Any], tuple[list, list, list]]:
+        model = timm.create_model(name, pretrained=False, device="meta", **model_args)
+        filter_fn = _family_filter(model)
+        filtered = filter_fn(dict(state_dict), model) if filter_fn is not None else dict(state_dict)
+        return filtered, state_dict_mismatch(filtered, model.state_dict())
+
+    filtered, mismatch = fit({})
+    model_args: dict[str, int] = {}
+    if any(mismatch):  # another class or channel count? then the rest must fit exactly
+        guess = _class_and_channel_args(timm.create_model(name, pretrained=False, device="meta"), filtered)
+        refit, remaining = fit(guess) if guess else (filtered, mismatch)
+        if not any(remaining):
+            filtered, mismatch, model_args = refit, remaining, guess
+    if any(mismatch):
+        raise _Misfit(f"weights do not fit {name}: {describe_mismatch(*mismatch)}", sum(map(len, mismatch)))
     source_shapes = {tuple(v.shape) for v in state_dict.values() if isinstance(v, torch.Tensor)}
     reshaped = sum(1 for v in filtered.values() if tuple(v.shape) not in source_shapes)
-    return filtered, reshaped
+    return filtered, reshaped, model_args
+
+
+def _kwargs_text(model_args: dict[str, int]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in model_args.items())
 
 
 def _key_structure(keys) -> set[str]:
@@ -81,8 +134,9 @@ def _families(names: list[str]) -> dict[str, list[str]]:
     return groups
 
 
-def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The registered model whose family filter maps ``state_dict`` onto it exactly with the least resizing.
+def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, int]]:
+    """The registered model whose family filter maps ``state_dict`` onto it exactly with the least resizing (and the
+    ``num_classes`` / ``in_chans`` to create it with, where the weights differ from its defaults).
 
     One representative per family is built first (on the meta device); only families whose mapped key names
     mostly agree with it are searched model by model.
@@ -92,7 +146,8 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     import linvit.models  # noqa: F401  (registers the families)
 
     names = sorted({n for pattern in _MODEL_PATTERNS for n in timm.list_models(pattern)})
-    fits: list[tuple[int, str, dict[str, Any]]] = []
+    fits: list[tuple[int, str, dict[str, Any], dict[str, int]]] = []
+    nearest: _Misfit | None = None
     for members in _families(names).values():
         representative = timm.create_model(members[0], pretrained=False, device="meta")
         filter_fn = _family_filter(representative)
@@ -105,26 +160,42 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             continue
         for name in members:
             try:
-                filtered, reshaped = _convert_for(name, state_dict)
+                filtered, reshaped, model_args = _convert_for(name, state_dict)
+            except _Misfit as misfit:
+                if nearest is None or misfit.differences < nearest.differences:
+                    nearest = misfit
+                continue
             except Exception:
                 continue
-            fits.append((reshaped, name, filtered))
+            fits.append((reshaped, name, filtered, model_args))
     if not fits:
+        closest = f" The nearest: {nearest}." if nearest is not None else ""
         raise ValueError(
-            "No registered linvit model fits these weights. Pass --model NAME (see `timm.list_models('flatten_*')`); "
-            "the error for that model will say which keys differ."
+            f"No registered linvit model fits these weights.{closest} Pass --model NAME for the model they were "
+            "saved from (`linvit models` lists them); the error for that model will say which keys differ."
         )
-    fits.sort(key=lambda item: item[0])
-    best = [item for item in fits if item[0] == fits[0][0]]
+    fits.sort(key=lambda item: (item[0], len(item[3])))
+    best = [item for item in fits if item[0] == fits[0][0] and len(item[3]) == len(fits[0][3])]
     if len(best) > 1:
-        raise ValueError(f"Several models fit these weights equally well: {[n for _, n, _ in best]}; pass --model.")
-    return fits[0][1], fits[0][2]
+        raise ValueError(f"Several models fit these weights equally well: {[n for _, n, _, _ in best]}; pass --model.")
+    return fits[0][1], fits[0][2], fits[0][3]
+
+
+def _what_they_fit(state_dict: dict[str, Any]) -> str:
+    """Which registered model the weights do fit (for a --model that they do not), or how to find out."""
+    try:
+        name, _, model_args = _infer(state_dict)
+    except ValueError:
+        return "No other registered linvit model fits them either."
+    created = f" created with {_kwargs_text(model_args)}" if model_args else ""
+    return f"They fit {name}{created}: pass --model {name}, or leave --model out to infer it."
 
 
 def convert_checkpoint(
     src: str, dst: str, model_name: str | None = None, use_ema: bool = False, trusted: bool = False
-) -> str:
-    """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None); returns the model name."""
+) -> tuple[str, dict[str, int]]:
+    """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None); returns the model name and the
+    ``num_classes`` / ``in_chans`` to create it with (empty when the weights have the model's defaults)."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
@@ -133,17 +204,23 @@ def convert_checkpoint(
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
     if model_name is None:
-        model_name, filtered = _infer(state_dict)
+        model_name, filtered, model_args = _infer(state_dict)
     else:
-        filtered, _ = _convert_for(model_name, state_dict)
+        try:
+            filtered, _, model_args = _convert_for(model_name, state_dict)
+        except _Misfit as misfit:
+            raise ValueError(f"{misfit}. {_what_they_fit(state_dict)}") from None
     tensors = {k: v.detach().contiguous().clone() for k, v in filtered.items()}
     if dst.endswith(".safetensors"):
         from safetensors.torch import save_file
 
-        save_file(tensors, dst, metadata={"format": "pt", "model": model_name, "converted_from": str(src)})
+        metadata = {"format": "pt", "model": model_name, "converted_from": str(src)}
+        if model_args:
+            metadata["model_args"] = json.dumps(model_args)
+        save_file(tensors, dst, metadata=metadata)
     else:
         torch.save(tensors, dst)
-    return model_name
+    return model_name, model_args
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,10 +230,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.dst} exists; pass --force to overwrite it.", file=sys.stderr)
         return 2
     try:
-        name = convert_checkpoint(args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted)
+        name, model_args = convert_checkpoint(args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted)
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"wrote {args.dst} for {name}")
-    print(f"load it with: timm.create_model('{name}', pretrained=True, pretrained_cfg_overlay=dict(file='{args.dst}'))")
+    created_with = f" with {_kwargs_text(model_args)} (read from the weights; the model's defaults differ)"
+    print(f"wrote {args.dst} for {name}{created_with if model_args else ''}")
+    extra = f"{_kwargs_text(model_args)}, " if model_args else ""
+    print(
+        f"load it with: timm.create_model('{name}', pretrained=True, {extra}"
+        f"pretrained_cfg_overlay=dict(file='{args.dst}'))"
+    )
     return 0

@@ -44,11 +44,16 @@ def _to_authors_swin_layout(state_dict):
     return out
 
 
-def _random_state(name, seed=0):
+def _random_state(name, seed=0, **model_args):
     """Random weights for a registered model, without initialising a real model (built on meta)."""
     generator = torch.Generator().manual_seed(seed)
-    meta = timm.create_model(name, device="meta")
-    return {k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in meta.state_dict().items()}
+    meta = timm.create_model(name, device="meta", **model_args)
+    return {
+        k: (torch.randn(v.shape, generator=generator) * 0.02).to(v.dtype)
+        if v.is_floating_point()
+        else torch.zeros_like(v, device="cpu")
+        for k, v in meta.state_dict().items()
+    }
 
 
 def _authors_file(path, state, ema_state=None):
@@ -110,3 +115,37 @@ def test_convert_reports_misfits_and_untrusted_files(tmp_path, capsys):
     assert main(["convert", str(evil), str(tmp_path / "e.safetensors")]) == 1
     captured = capsys.readouterr()
     assert "trusted" in captured.err and "payload ran" not in captured.out
+
+
+@pytest.mark.parametrize(
+    "name, model_args",
+    [
+        ("linvit_nano", {"num_classes": 10}),
+        ("linvit_nano", {"num_classes": 0, "in_chans": 1}),
+        ("flatten_pvt_v2_b0", {"num_classes": 10}),
+    ],
+)
+def test_convert_weights_with_another_class_or_channel_count(tmp_path, capsys, name, model_args):
+    """linvit's own weights (or converted ones) for another class count: inferred, converted, and the printed load
+    command creates the model they fit."""
+    state = _random_state(name, **model_args)
+    src, dst = tmp_path / "trained.pth", tmp_path / "trained.safetensors"
+    torch.save(state, src)
+    assert main(["convert", str(src), str(dst)]) == 0
+    out = capsys.readouterr().out
+    expected = ", ".join(f"{key}={value}" for key, value in model_args.items())
+    assert f"timm.create_model('{name}', pretrained=True, {expected}, pretrained_cfg_overlay" in out, out
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)}, **model_args)
+    assert model.state_dict().keys() == state.keys()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[key], msg=key)
+    assert main(["convert", str(src), str(dst), "--force", "--model", name]) == 0
+
+
+def test_convert_with_the_wrong_model_names_the_one_that_fits(tmp_path, capsys):
+    src = tmp_path / "nano.pth"
+    torch.save(_random_state("linvit_nano", num_classes=10), src)
+    assert main(["convert", str(src), str(tmp_path / "out.safetensors"), "--model", "linvit_tiny"]) == 1
+    err = capsys.readouterr().err
+    assert "do not fit linvit_tiny" in err and "They fit linvit_nano created with num_classes=10" in err, err
+    assert len(err) < 1500
