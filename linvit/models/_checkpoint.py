@@ -299,8 +299,9 @@ def load_checkpoint_file(
             raise UntrustedCheckpointError(
                 f"Refusing to load '{path}': it holds pickled Python objects that can only be rebuilt by running "
                 f"code from the file.{named} Nothing from it was executed. If you trust this file and its source, "
-                f"load it with trusted=True (runs arbitrary code from the file), or convert it once with "
-                f"`linvit convert` in a trusted environment. Loader message: {reason}"
+                "load it with trusted=True (e.g. timm.create_model(..., trusted=True); runs arbitrary code from the "
+                "file), or convert it once with `linvit convert SRC DST.safetensors --trusted`. "
+                f"Loader message: {reason}"
             ) from error
         raise CheckpointError(
             f"Could not read checkpoint '{path}' (truncated or corrupt?): it is {_describe_contents(path)}. "
