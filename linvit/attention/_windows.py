@@ -1,4 +1,5 @@
-"""Token-grid helpers shared by the windowed attentions: checks, clamping, padding, partition and reverse.
+"""Token-grid helpers shared by the windowed attentions: checks, clamping, padding, partition and reverse (as
+copies, or as one gather through `window_token_index` / `window_position_index`).
 
 Sizes (H, W, window) are Python ints taken from `hw`, never from traced tensor shapes, so the helpers trace under FX
 when `hw` is concrete. Functions whose control flow depends on the sizes are wrapped with `torch.fx.wrap` by the
@@ -17,6 +18,10 @@ __all__ = [
     "window_partition",
     "window_reverse",
     "padding_valid_map",
+    "aligned_length",
+    "padded_grid_size",
+    "window_token_index",
+    "window_position_index",
 ]
 
 
@@ -80,3 +85,49 @@ def padding_valid_map(hw: tuple[int, int], padded_hw: tuple[int, int], device: t
     rows = torch.arange(padded_hw[0], device=device) < hw[0]
     cols = torch.arange(padded_hw[1], device=device) < hw[1]
     return (rows.view(1, -1, 1, 1) & cols.view(1, 1, -1, 1)).contiguous()
+
+
+def aligned_length(length: int, multiple: int = 8) -> int:
+    """The smallest multiple of `multiple` that is >= length (row strides that fused attention kernels read as is)."""
+    return (length + multiple - 1) // multiple * multiple
+
+
+def padded_grid_size(hw: tuple[int, int], window: tuple[int, int]) -> tuple[int, int]:
+    """(H, W) rounded up to multiples of the window (the map after bottom/right padding)."""
+    return aligned_length(hw[0], window[0]), aligned_length(hw[1], window[1])
+
+
+def window_token_index(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> Tensor:
+    """(num_windows * wh * ww,) token of the (H, W) map found at each position of the windows.
+
+    The windows are those of the map zero-padded at the bottom/right to a multiple of the window, rolled by -shift and
+    split by `window_partition` (row-major windows, row-major inside each). `x.index_select(1, index)` on (B, H*W, C)
+    tokens does the pad, roll and partition in one gather. Padded positions repeat the last real row/column: callers
+    mask them out as keys and drop them as queries, so their values never reach a real token.
+    """
+    padded_h, padded_w = padded_grid_size(hw, window)
+    rows = torch.remainder(torch.arange(padded_h, device=device) + shift[0], padded_h).clamp(max=hw[0] - 1)
+    cols = torch.remainder(torch.arange(padded_w, device=device) + shift[1], padded_w).clamp(max=hw[1] - 1)
+    grid = rows.unsqueeze(1) * hw[1] + cols.unsqueeze(0)  # (Hp, Wp), rolled
+    grid = grid.view(padded_h // window[0], window[0], padded_w // window[1], window[1])
+    return grid.permute(0, 2, 1, 3).reshape(-1)
+
+
+def window_position_index(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> Tensor:
+    """(H * W,) position of each token of the (H, W) map among the windows of `window_token_index`.
+
+    `windows.index_select(1, index)` on (B, num_windows * wh * ww, C) undoes the partition, roll and padding in one
+    gather (padded positions are skipped).
+    """
+    padded_h, padded_w = padded_grid_size(hw, window)
+    tokens = window[0] * window[1]
+    rows = torch.remainder(torch.arange(hw[0], device=device) - shift[0], padded_h)  # row in the rolled map
+    cols = torch.remainder(torch.arange(hw[1], device=device) - shift[1], padded_w)
+    row_offset = torch.div(rows, window[0], rounding_mode="floor") * (padded_w // window[1]) * tokens
+    row_offset = row_offset + torch.remainder(rows, window[0]) * window[1]
+    col_offset = torch.div(cols, window[1], rounding_mode="floor") * tokens + torch.remainder(cols, window[1])
+    return (row_offset.unsqueeze(1) + col_offset.unsqueeze(0)).reshape(-1)

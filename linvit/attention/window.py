@@ -1,20 +1,32 @@
 """WindowAttention: Swin's (shifted) window softmax attention with relative position bias, for any (H, W).
 
-The module does what Swin's block does around its attention: zero-pads the map to a multiple of the window, rolls it
-by the shift, partitions it into windows, and undoes all three afterwards. Softmax runs through
-`F.scaled_dot_product_attention` with the relative position bias (and the masks below) as an additive float mask.
+The module does what Swin's block does around its attention: pads the map to a multiple of the window, rolls it by
+the shift, partitions it into windows, and undoes all three afterwards, each way in one gather (`index_select` with
+an index cached per size) instead of a copy per step. Softmax runs through `F.scaled_dot_product_attention` with the
+relative position bias (and the masks below) as an additive mask in q's dtype, laid out as the fused kernels read it.
 
 Masks: with a shift, tokens attend only to tokens of their own region of the rolled map (Swin's mask). With padding,
-real tokens do not attend to padded ones (Swin pads and lets padding take part; linvit masks it so results do not
-depend on the padding). Padded queries may still see padded keys, so no softmax row is ever fully masked.
+real tokens do not attend to padded ones (Swin pads with zeros and lets padding take part; linvit masks it so results
+do not depend on the padding, and pads with copies of the last row/column, which the gather gets for free). Padded
+queries may still see padded keys, so no softmax row is ever fully masked; their outputs are dropped.
 """
+
+from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_token_grid, pad_grid, to_pair, window_partition, window_reverse
+from linvit.attention._windows import (
+    aligned_length,
+    check_token_grid,
+    padded_grid_size,
+    to_pair,
+    window_partition,
+    window_position_index,
+    window_token_index,
+)
 
 __all__ = ["WindowAttention", "relative_position_index", "relative_position_bias", "shifted_window_mask"]
 
@@ -28,20 +40,30 @@ def relative_position_index(window: tuple[int, int]) -> Tensor:
     return (offsets[0] + window[0] - 1) * (2 * window[1] - 1) + (offsets[1] + window[1] - 1)
 
 
-@torch.fx.wrap
-def relative_position_bias(
-    table: Tensor, index: Tensor, full_window: tuple[int, int], window: tuple[int, int]
-) -> Tensor:
-    """(heads, n, n) bias for a window, possibly smaller than the table's (clamped to a small map).
+def window_bias_index(index: Tensor, full_window: tuple[int, int], window: tuple[int, int], columns: int) -> Tensor:
+    """(n, columns) rows of the bias-table index for a window of n tokens, possibly smaller than the table's.
 
-    A smaller window uses the same learned bias for the same offsets: its tokens are a top-left sub-grid of the
-    full window, so their rows and columns of the full index carry exactly their offsets.
+    A smaller window (clamped to a small map) uses the same learned bias for the same offsets: its tokens are a
+    top-left sub-grid of the full window, so their rows and columns of the full index carry exactly their offsets.
+    Columns past n repeat the first one (padding that aligns the rows; callers slice it off).
     """
     if window[0] != full_window[0] or window[1] != full_window[1]:
         rows = torch.arange(window[0], device=index.device).unsqueeze(1) * full_window[1]
         keep = (rows + torch.arange(window[1], device=index.device).unsqueeze(0)).flatten()
         index = index[keep][:, keep]
     tokens = window[0] * window[1]
+    if columns > tokens:
+        index = torch.cat([index, index[:, :1].expand(tokens, columns - tokens)], dim=1)
+    return index.contiguous()
+
+
+@torch.fx.wrap
+def relative_position_bias(
+    table: Tensor, index: Tensor, full_window: tuple[int, int], window: tuple[int, int]
+) -> Tensor:
+    """(heads, n, n) bias for a window, possibly smaller than the table's (see `window_bias_index`)."""
+    tokens = window[0] * window[1]
+    index = window_bias_index(index, full_window, window, tokens)
     return table[index.reshape(-1)].view(tokens, tokens, -1).permute(2, 0, 1)
 
 
@@ -73,10 +95,17 @@ def _shifted_window_mask(
     return mask.unsqueeze(1)
 
 
-# The masks depend only on sizes and the device (no parameter), so eager calls share them: rebuilding them costs a
-# dozen small ops per block and call. Keyed by every size they depend on; never mutated after insertion.
-_MASK_CACHE: dict[tuple, Tensor | None] = {}
-_MASK_CACHE_LIMIT = 64
+# Masks and gather indices depend only on sizes, device and dtype (no parameter), so eager calls share them:
+# rebuilding them costs a dozen small ops per block and call. Keyed by every size they depend on; never mutated after
+# insertion.
+_SIZE_CACHE: dict[tuple, Any] = {}
+_SIZE_CACHE_LIMIT = 128
+
+
+def _remember(key: tuple, value: Any) -> None:
+    if len(_SIZE_CACHE) >= _SIZE_CACHE_LIMIT:
+        _SIZE_CACHE.clear()
+    _SIZE_CACHE[key] = value
 
 
 @torch.jit.ignore
@@ -87,12 +116,10 @@ def _cached_shifted_window_mask(
     shift: tuple[int, int],
     device: torch.device,
 ) -> Tensor | None:
-    key = (hw, padded_hw, window, shift, str(device))
-    if key not in _MASK_CACHE:
-        if len(_MASK_CACHE) >= _MASK_CACHE_LIMIT:
-            _MASK_CACHE.clear()
-        _MASK_CACHE[key] = _shifted_window_mask(hw, padded_hw, window, shift, device)
-    return _MASK_CACHE[key]
+    key = ("shift_mask", hw, padded_hw, window, shift, str(device))
+    if key not in _SIZE_CACHE:
+        _remember(key, _shifted_window_mask(hw, padded_hw, window, shift, device))
+    return _SIZE_CACHE[key]
 
 
 @torch.fx.wrap
@@ -115,21 +142,113 @@ def shifted_window_mask(
     return _cached_shifted_window_mask(hw, padded_hw, window, shift, device)
 
 
-@torch.fx.wrap
-def window_attention_mask(bias: Tensor, mask: Tensor | None, x: Tensor) -> Tensor:
-    """The additive SDPA mask for (B * nW, heads, n, n) windows of x: the bias, plus the shift/padding mask.
+def _window_layout(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    return window_token_index(hw, window, shift, device), window_position_index(hw, window, shift, device)
 
-    Always 4-D, which keeps SDPA on its fused (flash) CPU kernel; 5-D inputs (windows split from the batch, to
-    broadcast the mask) fall back to the unfused math path (explicit matmuls, softmax, fully-masked-row checks).
+
+@torch.jit.ignore
+def _cached_window_layout(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    key = ("layout", hw, window, shift, str(device))
+    if key not in _SIZE_CACHE:
+        _remember(key, _window_layout(hw, window, shift, device))
+    return _SIZE_CACHE[key]
+
+
+@torch.fx.wrap
+def window_layout(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(`window_token_index`, `window_position_index`): the gathers into and out of the windows of an (H, W) map.
+
+    Eager calls share cached tensors (read-only); TorchScript, tracing and torch.compile build them in the graph.
     """
-    attn_mask = bias.unsqueeze(0)  # (1, heads, n, n), gathered once per call (the table is a parameter)
+    if torch.jit.is_scripting():
+        return _window_layout(hw, window, shift, device)
+    if torch.compiler.is_compiling() or device.type == "meta":
+        return _window_layout(hw, window, shift, device)
+    return _cached_window_layout(hw, window, shift, device)
+
+
+def _window_mask_layout(
+    hw: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    full_window: tuple[int, int],
+    relative_index: Tensor,
+    num_heads: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    tokens = window[0] * window[1]
+    columns = aligned_length(tokens)
+    bias_index = window_bias_index(relative_index, full_window, window, columns)  # (n, n_pad) rows of the table
+    # into the flattened (rows, heads) table: one gather writes the bias as contiguous (heads, n, n_pad)
+    heads = torch.arange(num_heads, device=relative_index.device).view(-1, 1, 1)
+    bias_index = bias_index.unsqueeze(0) * num_heads + heads
+    mask = shifted_window_mask(hw, padded_grid_size(hw, window), window, shift, relative_index.device)
+    if mask is not None:
+        mask = F.pad(mask, (0, columns - tokens)).to(dtype)
+    return bias_index, mask
+
+
+@torch.jit.ignore
+def _cached_window_mask_layout(
+    hw: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    full_window: tuple[int, int],
+    relative_index: Tensor,
+    num_heads: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    # relative_index is a function of full_window (a buffer of the module), so the sizes identify it
+    key = ("mask", hw, window, shift, full_window, num_heads, str(relative_index.device), str(dtype))
+    if key not in _SIZE_CACHE:
+        _remember(key, _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype))
+    return _SIZE_CACHE[key]
+
+
+@torch.fx.wrap
+def window_mask_layout(
+    hw: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    full_window: tuple[int, int],
+    relative_index: Tensor,
+    num_heads: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    """What the attention mask of a window size needs besides the bias table: the (heads, n, n_pad) index into the
+    flattened table (`window_bias_index`, rows padded to a multiple of 8 columns) and the shift/padding mask
+    (num_windows, 1, n, n_pad) in `dtype` (None when nothing is masked). Cached for eager calls, like `window_layout`.
+    """
+    if torch.jit.is_scripting():
+        return _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype)
+    if torch.compiler.is_compiling() or relative_index.device.type == "meta":
+        return _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype)
+    return _cached_window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype)
+
+
+@torch.fx.wrap
+def window_attention_mask(
+    table: Tensor, bias_index: Tensor, mask: Tensor | None, batch: int, dtype: torch.dtype
+) -> Tensor:
+    """The additive SDPA mask for (B * nW, heads, n, n) windows: the relative position bias, plus the mask.
+
+    Returns (1, heads, n, n) without a mask, else (B * nW, heads, n, n) written by one add (the mask varies per window
+    and the windows are batch-major, so no 4-D view broadcasts it over the batch; 5-D inputs would leave SDPA's fused
+    kernels). Always in q's dtype and a view of storage whose rows are padded to a multiple of 8 elements, the layout
+    the fused kernels read directly (the memory-efficient CUDA kernel copies a mask with unaligned rows first).
+    """
+    tokens = bias_index.shape[1]
+    bias = table.reshape(-1)[bias_index].to(dtype)  # (heads, n, n_pad), contiguous, gathered per call
     if mask is None:
-        return attn_mask
-    attn_mask = attn_mask + mask  # (nW, heads, n, n)
-    batch = x.shape[0]
-    if batch > 1:
-        attn_mask = attn_mask.repeat(batch, 1, 1, 1)  # windows are batch-major
-    return attn_mask
+        return bias.unsqueeze(0)[..., :tokens]
+    combined = mask.unsqueeze(0).expand(batch, -1, -1, -1, -1) + bias  # (B, nW, heads, n, n_pad), contiguous
+    return combined.flatten(0, 1)[..., :tokens]
 
 
 class WindowAttention(nn.Module):
@@ -213,35 +332,24 @@ class WindowAttention(nn.Module):
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
         x = check_token_grid(x, hw)
-        height, width = hw
+        batch = x.shape[0]
         window, shift = self.window_and_shift(hw)
-        pad_h = (window[0] - height % window[0]) % window[0]
-        pad_w = (window[1] - width % window[1]) % window[1]
-        padded_hw = (height + pad_h, width + pad_w)
-        grid = pad_grid(x.view(-1, height, width, x.shape[-1]), pad_h, pad_w)
-        if shift[0] > 0 or shift[1] > 0:
-            grid = torch.roll(grid, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-        windows = window_partition(grid, window)  # (B * nW, n, C), or 3C when already projected
+        token_index, position_index = window_layout(hw, window, shift, x.device)
+        # pad, roll and partition in one gather, on the C-channel input (3C when already projected); padded tokens
+        # are copies of edge tokens, masked out as keys, and dropped as queries by the gather back
+        windows = x.index_select(1, token_index)  # (B, nW * n, C)
         tokens = window[0] * window[1]
-
-        # the projection runs on the partitioned C-channel input: pad, roll and partition copy C channels, not 3C
-        # (padded tokens project to the bias; padded keys are masked out and padded queries cropped)
-        qkv = self.qkv(windows)
-        qkv = qkv.view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(windows).view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B * nW, heads, n, d)
-        bias = relative_position_bias(
-            self.relative_position_bias_table, self.relative_position_index, self.window_size, window
+        bias_index, mask = window_mask_layout(
+            hw, window, shift, self.window_size, self.relative_position_index, self.num_heads, q.dtype
         )
-        mask = shifted_window_mask(hw, padded_hw, window, shift, x.device)
+        attn_mask = window_attention_mask(self.relative_position_bias_table, bias_index, mask, batch, q.dtype)
         dropout = self.attn_drop if self.training else 0.0
-        attn_mask = window_attention_mask(bias, mask, x)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(q.dtype), dropout_p=dropout)
-        out = out.reshape(-1, self.num_heads, tokens, self.head_dim).transpose(1, 2).reshape(-1, tokens, self.dim)
-
-        grid = window_reverse(out, window, padded_hw)
-        if shift[0] > 0 or shift[1] > 0:
-            grid = torch.roll(grid, shifts=(shift[0], shift[1]), dims=(1, 2))
-        out = grid[:, :height, :width, :].reshape(-1, height * width, self.dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+        # (B * nW, heads, n, d) -> (B, nW * n, C): a view for the fused kernels, whose output is token-major
+        out = out.transpose(1, 2).reshape(batch, -1, self.dim)
+        out = out.index_select(1, position_index)  # back to (B, N, C): undoes partition, roll and padding
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self) -> str:

@@ -174,3 +174,122 @@ def test_hybrid_inference_leaves_shared_qkv_intact():
     with torch.no_grad():
         inference = hybrid(x, (6, 5))
     torch.testing.assert_close(inference, hybrid(x, (6, 5)), rtol=1e-12, atol=1e-12)
+
+
+# --- the gathers, the SDPA mask layout and the caches behind the fast path ---
+
+LAYOUTS = [((8, 8), (4, 4), (0, 0)), ((9, 7), (4, 4), (2, 2)), ((10, 5), (4, 3), (2, 1)), ((3, 9), (3, 4), (0, 2))]
+
+
+@pytest.mark.parametrize("hw,window,shift", LAYOUTS)
+def test_window_gathers_equal_pad_roll_partition_and_back(hw, window, shift):
+    """One gather in equals pad + roll + partition on every real position; the gather back is its exact inverse."""
+    from linvit.attention._windows import (
+        pad_grid,
+        padded_grid_size,
+        window_partition,
+        window_position_index,
+        window_token_index,
+    )
+
+    x = torch.randn(2, hw[0] * hw[1], 5)
+    padded = padded_grid_size(hw, window)
+    grid = pad_grid(x.view(2, *hw, 5), padded[0] - hw[0], padded[1] - hw[1])
+    expected = window_partition(torch.roll(grid, (-shift[0], -shift[1]), (1, 2)), window)  # (B * nW, n, 5)
+    real = pad_grid(torch.ones(1, *hw, 1), padded[0] - hw[0], padded[1] - hw[1])
+    real = window_partition(torch.roll(real, (-shift[0], -shift[1]), (1, 2)), window).reshape(-1).bool()
+
+    windows = x.index_select(1, window_token_index(hw, window, shift, x.device))
+    assert windows.shape == (2, expected.shape[0] // 2 * expected.shape[1], 5)
+    assert torch.equal(windows.reshape(2, -1, 5)[:, real], expected.reshape(2, -1, 5)[:, real])
+    back = windows.index_select(1, window_position_index(hw, window, shift, x.device))
+    assert torch.equal(back, x)
+
+
+def test_window_sdpa_mask_has_the_layout_fused_kernels_read():
+    """The mask reaches SDPA in q's dtype with rows aligned to 8 elements and a unit last stride (the
+    memory-efficient CUDA kernel copies anything else; cuDNN reads it as declared), and equals bias + mask."""
+    from linvit.attention.window import (
+        relative_position_bias,
+        shifted_window_mask,
+        window_attention_mask,
+        window_mask_layout,
+    )
+
+    module = _randomise(WindowAttention(16, 2, window_size=7, shift_size=3))
+    table, index = module.relative_position_bias_table, module.relative_position_index
+    bias = relative_position_bias(table, index, (7, 7), (7, 7))  # (heads, 49, 49)
+    for hw, shift, dtype in (((14, 14), (0, 0), torch.bfloat16), ((16, 13), (3, 3), torch.float32)):
+        bias_index, mask = window_mask_layout(hw, (7, 7), shift, (7, 7), index, 2, dtype)
+        attn_mask = window_attention_mask(table, bias_index, mask, 3, dtype)
+        assert attn_mask.dtype == dtype and attn_mask.stride(-1) == 1
+        assert all(stride % 8 == 0 for stride in attn_mask.stride()[:-1]), attn_mask.stride()
+        if mask is None:
+            assert attn_mask.shape == (1, 2, 49, 49)
+            torch.testing.assert_close(attn_mask[0], bias.to(dtype))
+        else:
+            windows = shifted_window_mask(hw, (21, 14), (7, 7), shift, table.device)  # (nW, 1, 49, 49)
+            expected = (bias + windows).repeat(3, 1, 1, 1)  # batch-major windows
+            assert attn_mask.shape == expected.shape == (3 * 6, 2, 49, 49)
+            torch.testing.assert_close(attn_mask, expected)
+
+
+def test_window_layouts_are_cached_per_size_device_and_dtype():
+    from linvit.attention.window import window_layout, window_mask_layout
+
+    cpu = torch.device("cpu")
+    first = window_layout((9, 7), (4, 4), (2, 2), cpu)
+    assert all(a is b for a, b in zip(first, window_layout((9, 7), (4, 4), (2, 2), cpu)))
+    assert window_layout((9, 8), (4, 4), (2, 2), cpu)[0] is not first[0]
+    index = WindowAttention(16, 2, window_size=4).relative_position_index
+    fp32 = window_mask_layout((9, 7), (4, 4), (2, 2), (4, 4), index, 2, torch.float32)
+    assert fp32[1] is window_mask_layout((9, 7), (4, 4), (2, 2), (4, 4), index, 2, torch.float32)[1]
+    bf16 = window_mask_layout((9, 7), (4, 4), (2, 2), (4, 4), index, 2, torch.bfloat16)
+    assert fp32[1].dtype == torch.float32 and bf16[1].dtype == torch.bfloat16
+
+
+def test_window_attention_under_bf16_autocast_follows_fp32():
+    module = _randomise(WindowAttention(32, 2, window_size=4, shift_size=2)).eval()
+    x = _tokens(2, (9, 7), 32).float()
+    with torch.no_grad():
+        expected = module(x, (9, 7))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x, (9, 7))
+    assert out.dtype == torch.bfloat16
+    # bf16 rounding of q, k, v and the bias (outputs reach ~9 here): about 0.6% of the norm, as before the gathers
+    assert (out.float() - expected).norm() / expected.norm() < 0.02
+
+
+def test_window_attention_gradients_repeat_exactly():
+    """Same input, same gradients bit for bit: padded positions (copies of edge tokens) add exact zeros."""
+    module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2)).train()
+    x = _tokens(2, (9, 7), 16).float().requires_grad_(True)
+    grads = []
+    for _ in range(2):
+        x.grad = None
+        module.zero_grad()
+        module(x, (9, 7)).square().sum().backward()
+        grads.append((x.grad.clone(), module.relative_position_bias_table.grad.clone(), module.qkv.weight.grad.clone()))
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
+
+
+def test_window_attention_compiles_without_graph_breaks_and_keeps_gradients():
+    import torch._dynamo
+
+    module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2)).train()
+    x = _tokens(2, (9, 7), 16).float().requires_grad_(True)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(module)(x, (9, 7))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="aot_eager")
+    results = []
+    for forward in (compiled, module):
+        x.grad = None
+        module.zero_grad()
+        out = forward(x, (9, 7))
+        out.square().sum().backward()
+        results.append((out.detach(), x.grad.clone(), module.relative_position_bias_table.grad.clone()))
+    for fast, slow in zip(*results):
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
