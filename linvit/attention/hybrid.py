@@ -31,6 +31,7 @@ class HybridAttention(nn.Module):
         focusing_factor, dwc_kernel_size, pos_encoding, pos_size: of the global branch (see
             `FocusedLinearAttention`). The positional encoding defaults to "none": the window branch's relative
             position bias already carries position.
+        backend: implementation of the linear branch's core (see `FocusedLinearAttention`).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class HybridAttention(nn.Module):
         dwc_kernel_size: int | None = 5,
         pos_encoding: str = "none",
         pos_size=None,
+        backend: str = "auto",
         device=None,
         dtype=None,
     ):
@@ -73,6 +75,7 @@ class HybridAttention(nn.Module):
             pos_encoding=pos_encoding,
             pos_size=pos_size,
             with_projections=False,
+            backend=backend,
             **dd,
         )
         self.proj = nn.Linear(dim, dim, **dd)

@@ -35,7 +35,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
-from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
+from linvit.attention import FocusedLinearAttention, resize_positional_table
 from linvit.layers import PreNormBlock
 from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
 from linvit.models._flatten_common import create_flatten_model, flatten_cfg
@@ -48,7 +48,8 @@ class FLattenDeiTAttention(FocusedLinearAttention):
     """Global focused linear attention over prefix (class) tokens followed by an (H, W) grid of patch tokens.
 
     Same parameters and state-dict keys as :class:`linvit.attention.FocusedLinearAttention` (``qkv``, ``proj``,
-    ``scale``, ``positional_encoding`` over the patch grid, ``dwc``). x: (B, P + H*W, C) with P prefix tokens.
+    ``scale``, ``positional_encoding`` over the patch grid, ``dwc``). x: (B, P + H*W, C) with P prefix tokens, which
+    attend and are attended to but get no positional term and no DWC (``num_prefix_tokens``).
     """
 
     def __init__(
@@ -75,49 +76,10 @@ class FLattenDeiTAttention(FocusedLinearAttention):
             dwc_kernel_size=dwc_kernel_size,
             pos_size=pos_size,
             window_size=None,
+            num_prefix_tokens=num_prefix_tokens,
             device=device,
             dtype=dtype,
         )
-        self.num_prefix_tokens = num_prefix_tokens
-
-    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        B, N, C = x.shape
-        prefix = self.num_prefix_tokens
-        heads = self.num_heads
-        head_dim = C // heads  # spelled out in the reshapes: -1 is ambiguous for an empty batch
-        q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
-        table = self.positional_encoding
-        assert table is not None and self.pos_size is not None
-        patch_keys = k[:, prefix:] + resize_positional_table(table, self.pos_size, hw).to(k.dtype)
-        k = torch.cat([k[:, :prefix], patch_keys], dim=1)
-        # Kernel maps in float32 under autocast (the cubes overflow fp16); linear_attention keeps S, z in float32.
-        scale = _at_least_float32(self.scale) if self.scale is not None else None
-        q = focused_feature_map(_at_least_float32(q), scale, self.focusing_factor)
-        k = focused_feature_map(_at_least_float32(k), scale, self.focusing_factor)
-        out = linear_attention(
-            q.reshape(B, N, heads, head_dim).transpose(1, 2),
-            k.reshape(B, N, heads, head_dim).transpose(1, 2),
-            v.reshape(B, N, heads, head_dim).transpose(1, 2),
-        )
-        out = out.transpose(1, 2).reshape(B, N, C).to(v.dtype)
-        dwc = self.dwc
-        if dwc is not None:  # dwc_kernel_size=0: the paper's ablation without the DWC
-            # DWC on the patch tokens only: each head's values as a (d, H, W) image through the one shared conv.
-            images = (
-                v[:, prefix:]
-                .reshape(B, hw[0], hw[1], heads, head_dim)
-                .permute(0, 3, 4, 1, 2)
-                .reshape(B * heads, head_dim, hw[0], hw[1])
-            )
-            local = dwc(images).reshape(B, heads, head_dim, hw[0] * hw[1]).permute(0, 3, 1, 2).reshape(B, N - prefix, C)
-            out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
-        return self.proj_drop(self.proj(out))
-
-
-def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    if x.dtype == torch.float16 or x.dtype == torch.bfloat16:
-        return x.float()
-    return x
 
 
 # The patch grid (H, W) drives a table resize (a branch on sizes): FX keeps the attention as one call.

@@ -17,7 +17,7 @@ a module's ``backend=`` argument wins unless it is "auto", then the process-wide
 from __future__ import annotations
 
 import contextlib
-import functools
+import importlib.util
 import os
 from collections.abc import Iterator
 
@@ -59,14 +59,9 @@ def use_backend(name: str) -> Iterator[None]:
         set_backend(previous)
 
 
-@functools.cache
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # ImportError, or a broken install that fails at import
-        return False
-    return True
+# Whether Triton is installed, found without importing it (importing costs time, and compiled code should not
+# re-check a fact of the installation).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:
@@ -76,7 +71,7 @@ def interpreting() -> bool:
 
 def triton_available(device: torch.device) -> bool:
     """Whether the Triton backend can run on tensors of ``device``: CUDA with Triton, or its CPU interpreter."""
-    if not _triton_imports():
+    if not _TRITON_INSTALLED:
         return False
     return device.type == "cuda" or (device.type == "cpu" and interpreting())
 
@@ -94,7 +89,7 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     if name == "triton" and not triton_available(device):
         raise ValueError(
             f"backend='triton' needs CUDA tensors and Triton (or TRITON_INTERPRET=1 for CPU tensors, slow); got "
-            f"tensors on {device} with Triton {'importable' if _triton_imports() else 'not importable'}. Use "
+            f"tensors on {device} with Triton {'installed' if _TRITON_INSTALLED else 'not installed'}. Use "
             f"backend='torch' (or 'auto') here."
         )
     return name

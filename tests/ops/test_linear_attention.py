@@ -236,3 +236,55 @@ def test_wrong_arguments_say_what_is_expected(change, match):
     qkv, kwargs = _inputs(CASES["focused"])
     with pytest.raises(ValueError, match=match):
         linear_attention_qkv(qkv, **{**kwargs, **change})
+
+
+def test_custom_ops_pass_torch_opcheck():
+    """Schema, fake-tensor shapes, autograd registration and AOT dispatch of the two Triton ops."""
+    import linvit.ops.linear_attention.triton  # noqa: F401  (registers the ops)
+
+    qkv, kwargs = _inputs(CASES["focused"])
+    qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
+    hw, heads = kwargs["hw"], kwargs["num_heads"]
+    tensors = [kwargs[k] for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
+    options = [hw[0], hw[1], heads, 0, 3.0, 0, 1e-6, 1e-6]
+    forward = torch.ops.linvit.linear_attention_qkv_forward.default
+    torch.library.opcheck(forward, (qkv, *tensors, *options, False))
+    torch.library.opcheck(forward, (qkv.detach(), None, None, None, None, None, *options, False))
+    out, state, normaliser = forward(qkv.detach(), *[t.detach() for t in tensors], *options, False)
+    grad_out = torch.randn_like(out)
+    backward = torch.ops.linvit.linear_attention_qkv_backward.default
+    saved = [kwargs[k].detach() for k in ("inverse_temperature", "key_position", "dwc_weight", "key_mask")]
+    torch.library.opcheck(backward, (grad_out, qkv.detach(), state, normaliser, *saved, *options))
+
+
+def test_torch_export_keeps_the_fused_op():
+    from linvit.attention import FocusedLinearAttention
+
+    class Grid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = FocusedLinearAttention(32, 2, pos_size=(3, 4), backend="triton")
+
+        def forward(self, x):
+            return self.attention(x, (3, 4))
+
+    module = Grid().to(TRITON_DEVICE)
+    x = torch.randn(2, 12, 32, device=TRITON_DEVICE)
+    program = torch.export.export(module, (x,))
+    targets = [str(node.target) for node in program.graph.nodes]
+    assert "linvit.linear_attention_qkv_forward.default" in targets
+    torch.testing.assert_close(program.module()(x), module(x))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_module_compiles_without_graph_breaks(backend):
+    """Dynamo traces the module, the backend choice and the op in one graph (the Triton op is one node)."""
+    from linvit.attention import FocusedLinearAttention
+
+    device = TRITON_DEVICE if backend == "triton" else torch.device("cpu")
+    module = FocusedLinearAttention(32, 2, window_size=4, backend=backend).to(device)
+    x = torch.randn(2, 30, 32, device=device, requires_grad=True)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, (5, 6)), module(x, (5, 6)))
+    compiled(x, (5, 6)).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

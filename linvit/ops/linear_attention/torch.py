@@ -75,7 +75,7 @@ def linear_attention_tokens(
     state = torch.cat([kv, k.sum(dim=1, keepdim=True).permute(0, 2, 3, 1)], dim=-1)  # (B, h, m, e + 1): [S | z]·N
     # the mean form: S and z over the number of (kept) keys, in one pass over the small state
     if key_mask is not None:
-        state = state / key_mask.to(state.dtype).sum(dim=1).clamp_min(1.0).view(-1, 1, 1, 1)
+        state = state / key_mask.to(state.dtype).sum(dim=1).clamp_min(1.0).view(key_mask.shape[0], 1, 1, 1)
     else:
         state = state * (1.0 / k.shape[1])
     out = full_precision_bmm(q.transpose(1, 2), state).transpose(1, 2)  # (B, N, h, e + 1), a view
@@ -151,7 +151,7 @@ def channels_last_image(x: Tensor, hw: tuple[int, int], key_mask: Tensor | None)
         x = x * key_mask.unsqueeze(-1).to(x.dtype)
     else:
         x = x.contiguous()
-    return x.view(-1, hw[0], hw[1], x.shape[-1]).permute(0, 3, 1, 2)
+    return x.view(x.shape[0], hw[0], hw[1], x.shape[-1]).permute(0, 3, 1, 2)
 
 
 def depthwise_conv_values(

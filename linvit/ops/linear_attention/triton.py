@@ -19,13 +19,10 @@ from torch import Tensor
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_kernels as kernels
 
-try:  # torch >= 2.6: the kernels are visible to torch.compile
+try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
     from torch.library import triton_op, wrap_triton
-except ImportError:  # pragma: no cover - older torch: an opaque custom op
-    wrap_triton = None
-
-    def triton_op(name, mutates_args):
-        return torch.library.custom_op(name, mutates_args=mutates_args)
+except ImportError:  # pragma: no cover - older torch: opaque custom ops
+    triton_op = wrap_triton = None
 
 
 __all__ = ["linear_attention_qkv"]
@@ -34,7 +31,45 @@ _MAP_CODES = {"focused": kernels.FOCUSED, "relu": kernels.RELU, "elu": kernels.E
 
 
 def _launch(kernel):
-    return kernel if wrap_triton is None else wrap_triton(kernel)
+    return kernel if wrap_triton is None or interpreting() else wrap_triton(kernel)
+
+
+def _custom_op(name: str, fake):
+    """Register ``fn`` as the op ``name``: a Triton op where torch has them, else (and under Triton's interpreter,
+    whose kernels fake tensors cannot trace) a custom op with ``fake`` as its shape function."""
+
+    def register(fn):
+        if triton_op is not None and not interpreting():
+            return triton_op(name, mutates_args=())(fn)
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fake)
+        return op
+
+    return register
+
+
+def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward op's outputs without running it: (B, N, C) in qkv's dtype, float32 S (B, h, d, d) and z (B, h, d)."""
+    batch, tokens, channels = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    num_heads = args[7]
+    head_dim = channels // num_heads
+    out = qkv.new_empty(batch, tokens, channels)
+    state = qkv.new_empty(batch, num_heads, head_dim, head_dim, dtype=torch.float32)
+    return out, state, qkv.new_empty(batch, num_heads, head_dim, dtype=torch.float32)
+
+
+def _backward_shapes(grad_out: Tensor, qkv: Tensor, state: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward op's outputs without running it: dqkv, d(1/s) (C,), dw (d, 1, k, k), db (d,)."""
+    dwc_weight = args[3]
+    channels, head_dim = qkv.shape[2] // 3, state.shape[-1]
+    kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
+    floats = {"dtype": torch.float32}
+    return (
+        torch.empty_like(qkv),
+        qkv.new_empty(channels, **floats),
+        qkv.new_empty(head_dim, 1, kernel_size, kernel_size, **floats),
+        qkv.new_empty(head_dim, **floats),
+    )
 
 
 @functools.cache
@@ -86,7 +121,7 @@ def _optional(tensor: Tensor | None, fallback: Tensor) -> Tensor:
     return fallback if tensor is None else tensor
 
 
-@triton_op("linvit::linear_attention_qkv_forward", mutates_args=())
+@_custom_op("linvit::linear_attention_qkv_forward", _forward_shapes)
 def _forward(
     qkv: Tensor,
     inverse_temperature: Tensor | None,
@@ -137,7 +172,7 @@ def _forward(
     return out, state, normaliser
 
 
-@triton_op("linvit::linear_attention_qkv_backward", mutates_args=())
+@_custom_op("linvit::linear_attention_qkv_backward", _backward_shapes)
 def _backward(
     grad_out: Tensor,
     qkv: Tensor,
