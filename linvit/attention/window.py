@@ -348,7 +348,7 @@ class WindowAttention(nn.Module):
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         # (B * nW, heads, n, d) -> (B, nW * n, C): a view for the fused kernels, whose output is token-major
-        out = out.transpose(1, 2).reshape(batch, -1, self.dim)
+        out = out.transpose(1, 2).reshape(batch, token_index.numel(), self.dim)  # not -1: an empty batch is ambiguous
         out = out.index_select(1, position_index)  # back to (B, N, C): undoes partition, roll and padding
         return self.proj_drop(self.proj(out))
 
