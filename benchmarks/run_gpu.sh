@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The suite on a CUDA GPU (prepared for an H200): bf16 autocast, backbones at batch 64 (224) and 8 (1024), training
-# at batch 64, memory from the CUDA allocator. Results go to benchmarks/results/cuda/ (RESULTS.md records the date,
-# command, GPU and versions). Extra arguments pass through, e.g. --only operators or --quick.
+# Issue 15's target table on one CUDA GPU in under 4 minutes (prepared for an H200): one Python process
+# (benchmarks/gpu.py), CUDA-event medians after a warm-up, bf16 autocast; every linvit row with the default backend
+# (Triton kernels) and under the eager torch backend. Prints the table and writes targets-<date>.md and .json to
+# benchmarks/results/cuda/. Needs torch, timm (and Triton for the fused rows); not Hydra or Lightning.
+# Extra arguments pass through, e.g. --only operators,core, --budget 220 (seconds), --out DIR.
+# The multi-process suite of every operator and backbone is `python -m benchmarks.run --device cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-python -m benchmarks.run --device cuda --dtype bf16 --only operators,backbones,training \
-    --sizes 224,1024 --out benchmarks/results/cuda --case-timeout 300 "$@"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+exec python -m benchmarks.gpu --device cuda "$@"
