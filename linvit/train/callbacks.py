@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import secrets
 import signal
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,8 @@ class LearningCurves(Callback):
             if ax.lines:
                 ax.legend(fontsize=8)
         self.filename.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.filename.with_name(self.filename.name + ".tmp.png")
-        figure.savefig(temporary, dpi=110)
+        temporary = unique_temporary(self.filename)
+        figure.savefig(temporary, dpi=110, format="png")
         os.replace(temporary, self.filename)
         return self.filename
 
@@ -125,6 +126,27 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         if self._should_save_on_train_epoch_end(trainer):
             self._save_last_if_missed(trainer)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.dirpath == state_dict.get("dirpath", self.dirpath):
+            # Lightning leaves it out: a resumed run would save None until its next new best
+            self.current_score = state_dict.get("current_score", self.current_score)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # A run resumed from its own last.ckpt: that file holds the state at this step already
+        resumed, last = trainer.ckpt_path, self.last_model_path
+        same = bool(resumed and last and os.path.isfile(resumed) and os.path.isfile(last))
+        self._resumed_last_step = trainer.global_step if same and os.path.samefile(resumed, last) else None
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning writes last.ckpt at the end of training when this process has not written it yet. After a resume
+        # that trained no further step (only the end of the last epoch was left) it would replace the file of the
+        # uninterrupted run (saved by the last validation) with a later copy of the same weights.
+        if getattr(self, "_resumed_last_step", None) == trainer.global_step:
+            return
+        super().on_train_end(trainer, pl_module)
+
     def _save_last_if_missed(self, trainer: Trainer) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
@@ -135,7 +157,8 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         if not isinstance(self._fs, LocalFileSystem):
             super()._save_checkpoint(trainer, filepath)
             return
-        temporary = f"{filepath}.tmp"
+        # a name of this writer's own: two processes saving into one directory never share a temporary file
+        temporary = trainer.strategy.broadcast(str(unique_temporary(filepath)))
         trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
         if trainer.is_global_zero:
             os.replace(temporary, filepath)
@@ -148,61 +171,133 @@ class AtomicModelCheckpoint(ModelCheckpoint):
 
 
 class SaveOnSigterm(Callback):
-    """On SIGTERM (cluster preemption, ``kill``), save ``last.ckpt`` after the current step and stop cleanly.
+    """On SIGTERM (cluster preemption, ``kill``, ``timeout``), save ``last.ckpt`` and exit with status 0.
 
-    The run can then be resumed with the same command (auto-resume) or ``ckpt_path=.../last.ckpt``.
+    Lightning notices SIGTERM and stops at its next safe point by raising ``SIGTERMException``: after the training
+    batch in flight (its optimizer step, EMA update and logging done), after the validation batch in flight, or after
+    the epoch's end. This callback saves there (``on_exception``), so the checkpoint is the state of the uninterrupted
+    run at that point and the same command (auto-resume) or ``ckpt_path=.../last.ckpt`` continues it exactly:
+
+    - after a training batch: mid-epoch, the DataModule records how far into the epoch it was;
+    - during validation: the checkpoint rewinds that validation to its start (the batches already evaluated are
+      not saved), so the resumed run evaluates it whole and ``best.ckpt``, the logs and the curves see it once.
+
+    Nothing is changed while the run goes on (no ``should_stop``, which makes Lightning run an extra validation that
+    may write ``best.ckpt`` at an odd step). A SIGTERM sent to the whole process group (``timeout``, SLURM, most
+    schedulers) also reaches the data-loader workers: while a fit runs, processes forked from it (the workers) start
+    with SIGTERM blocked, so that only the main process acts on it and shuts the workers down as usual.
     """
 
     def __init__(self, dirpath: str | os.PathLike, filename: str = "last.ckpt"):
         self.path = Path(dirpath) / filename
-        self._requested = False
-        self._saved_step = -1
-        self._previous_handler: Any = None
+        self._rewinding = False  # the save in progress rewinds an interrupted validation
+        self._resumed_rewound = False  # this run resumed from such a checkpoint
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or not _is_main_thread():
-            return
-        self._previous_handler = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        if stage == "fit":
+            _workers_block_sigterm(True)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and self._previous_handler is not None and _is_main_thread():
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._requested = True
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if not self._requested:
-            return
-        self._requested = False
-        self._save(trainer)
-        trainer.should_stop = True
+        if stage == "fit":
+            _workers_block_sigterm(False)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        # A SIGTERM during validation: Lightning leaves the evaluation loop with SIGTERMException before any
-        # on_train_batch_end, so save here, unless a checkpoint of this step is already on disk.
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
-        self._requested = False
-        saved = [getattr(callback, "_last_global_step_saved", -1) for callback in trainer.checkpoint_callbacks]
-        if trainer.global_step > max(saved + [self._saved_step]):
-            self._save(trainer)
-
-    def _save(self, trainer: Trainer) -> None:
+        if not trainer.validating and trainer.fit_loop.done and _saved_at_this_step(trainer):
+            # after the last epoch, whose validation saved last.ckpt: a resume from that file does the epoch's end
+            # again and lands exactly here, so that last.ckpt stays the one an uninterrupted run keeps
+            _log.warning("SIGTERM received after the last training step: stopping (checkpoints are up to date)")
+            return
         _log.warning("SIGTERM received: saving %s and stopping", self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(temporary)
-        if trainer.is_global_zero:
-            os.replace(temporary, self.path)
-        self._saved_step = trainer.global_step
+        self._rewinding = trainer.validating
+        try:
+            _save_atomically(trainer, self.path)
+        finally:
+            self._rewinding = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rewound_validation": self._rewinding}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed_rewound = bool(state_dict.get("rewound_validation", False))
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._rewinding:
+            _rewind_validation(checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"])
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._resumed_rewound:
+            # Lightning has read the "validation started" mark (restart stage) and runs the validation again from
+            # its first batch: take the mark's extra batch back out of the totals so that later checkpoints add up
+            total = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+            total.ready -= 1
+            total.started -= 1
+            self._resumed_rewound = False
 
 
-def _is_main_thread() -> bool:
-    import threading
+def _saved_at_this_step(trainer: Trainer) -> bool:
+    return any(getattr(c, "_last_global_step_saved", -1) == trainer.global_step for c in trainer.checkpoint_callbacks)
 
-    return threading.current_thread() is threading.main_thread()
+
+def _rewind_validation(progress: dict[str, Any]) -> None:
+    """Rewrite a checkpoint's validation progress to "validation started, first batch in flight".
+
+    That is Lightning's mid-evaluation restart state: the resumed run goes back and runs the validation, from its
+    first batch (the current counts start again from those that completed: none), before training on.
+    """
+    current, total = progress["current"], progress["total"]
+    earlier = {key: total[key] - current[key] for key in total}  # batches of earlier validations in this epoch
+    progress["current"] = {"ready": 1, "started": 1, "processed": 0, "completed": 0}
+    progress["total"] = {
+        "ready": earlier["ready"] + 1,
+        "started": earlier["started"] + 1,
+        "processed": earlier["processed"],
+        "completed": earlier["completed"],
+    }
+    progress["is_last_batch"] = False
+
+
+def _save_atomically(trainer: Trainer, path: Path) -> None:
+    """``trainer.save_checkpoint`` to a temporary name of this process beside ``path``, then rename onto ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = trainer.strategy.broadcast(str(unique_temporary(path)))  # every rank names the same file
+    trainer.save_checkpoint(temporary)
+    if trainer.is_global_zero:
+        os.replace(temporary, path)
+    trainer.strategy.barrier("save_atomically")
+
+
+def unique_temporary(path: str | os.PathLike) -> Path:
+    """A temporary file name beside ``path`` that no other writer uses: ``.<name>.<pid>-<random>.tmp``.
+
+    Hidden and ending in ``.tmp``, so that :func:`linvit.train.fault_tolerance.remove_stale_temporaries` removes it
+    when a kill left it behind.
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+_WORKERS_BLOCK_SIGTERM = 0  # fits in progress in this process that want forked workers to block SIGTERM
+_AT_FORK_REGISTERED = False
+
+
+def _workers_block_sigterm(enable: bool) -> None:
+    global _WORKERS_BLOCK_SIGTERM, _AT_FORK_REGISTERED
+    if not hasattr(os, "register_at_fork"):
+        return  # no fork (Windows)
+    if not _AT_FORK_REGISTERED:
+        os.register_at_fork(after_in_child=_block_sigterm_in_child)
+        _AT_FORK_REGISTERED = True
+    _WORKERS_BLOCK_SIGTERM = max(0, _WORKERS_BLOCK_SIGTERM + (1 if enable else -1))
+
+
+def _block_sigterm_in_child() -> None:
+    # A blocked signal stays pending (torch installs its own SIGTERM handler in workers, so ignoring is not enough).
+    # The worker still ends when the main process tells it to, or when it sees the main process gone.
+    global _WORKERS_BLOCK_SIGTERM
+    if _WORKERS_BLOCK_SIGTERM:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _WORKERS_BLOCK_SIGTERM = 0  # the child's own fits (if any) decide for its children

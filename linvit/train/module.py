@@ -141,7 +141,6 @@ class ImageClassifier(LightningModule):
             # The copy never runs forward in training; following the module's train/eval mode (Lightning sets
             # eval for validation) avoids Lightning's warning about submodules left in eval mode.
             self.model_ema.train(self.training)
-        self._ema_step = -1
 
         top5 = min(5, num_classes)
         self.metrics = torch.nn.ModuleDict()
@@ -196,14 +195,16 @@ class ImageClassifier(LightningModule):
         return self.model(images).softmax(-1)
 
     # -- EMA --------------------------------------------------------------------------------------------------
-    def on_train_start(self) -> None:
-        self._ema_step = self.global_step  # also after a resume
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        """The optimizer step, then the EMA update: once per optimizer step, also under gradient accumulation.
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # global_step counts optimizer steps: update once per step, also under gradient accumulation.
-        if self.model_ema is not None and self.global_step != self._ema_step:
-            self._ema_step = self.global_step
-            self.model_ema.update(self.model, step=self.global_step)
+        Here and not in ``on_train_batch_end``: Lightning calls the callbacks' ``on_train_batch_end`` (a checkpoint
+        every n steps, a SIGTERM save) before the module's, so they would save weights one EMA update behind.
+        """
+        super().optimizer_step(*args, **kwargs)
+        if self.model_ema is not None:
+            # Lightning counts this optimizer step once the hook returns: the EMA's step is the count after it
+            self.model_ema.update(self.model, step=self.global_step + 1)
 
     # -- optimisation -----------------------------------------------------------------------------------------
     def effective_batch_size(self) -> int:

@@ -50,3 +50,54 @@ class SignalDuringValidation(Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if not trainer.sanity_checking and trainer.current_epoch == self.epoch and batch_idx == 0:
             os.kill(os.getpid(), self.signal)
+
+
+class SignalGroupAtStep(Callback):
+    """Send SIGTERM to this process's whole process group (workers included) when the batch after ``step`` starts.
+
+    What ``timeout``, SLURM and most schedulers do. Only for a process started in its own session
+    (``start_new_session=True``): the group must not include the test runner.
+    """
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            if os.getpgid(0) != os.getpid():
+                raise RuntimeError("SignalGroupAtStep needs a process that leads its own group (start_new_session)")
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+
+
+class SnapshotRunDir(Callback):
+    """Copy the run directory at every training step and during every validation: what a SIGKILL there would leave.
+
+    ``<into>/step<k>``: the directory as the batch after k optimizer steps starts; ``<into>/val<e>``: as the second
+    batch of epoch e's validation starts; ``<into>/end``: when training has ended, before test and export.
+    Checkpoints are hard-linked (they are only ever replaced, never rewritten in place); everything else is copied
+    (``metrics.csv`` grows in place).
+    """
+
+    def __init__(self, run_dir, into):
+        self.run_dir, self.into = str(run_dir), str(into)
+
+    def _snapshot(self, name: str) -> None:
+        import shutil
+
+        def link_or_copy(source, target):
+            if source.endswith(".ckpt"):
+                os.link(source, target)
+            else:
+                shutil.copy2(source, target)
+
+        shutil.copytree(self.run_dir, os.path.join(self.into, name), copy_function=link_or_copy)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._snapshot(f"step{trainer.global_step}")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking and batch_idx == 1:
+            self._snapshot(f"val{trainer.current_epoch}")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._snapshot("end")

@@ -46,7 +46,7 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is not None
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
-    assert not (tmp_path / "last.ckpt.tmp").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "a temporary file was left behind"
     signal.signal(signal.SIGTERM, previous)
 
 
@@ -72,3 +72,68 @@ def test_atomic_checkpoint_and_learning_curves(tmp_path):
     restored = LearningCurves(tmp_path / "other.png")
     restored.load_state_dict(curves.state_dict())
     assert restored.history == curves.history
+
+
+_GROUP_SIGTERM_CHILD = """
+import sys, time
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from linvit.train.callbacks import SaveOnSigterm
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 2:
+            print("in step 2", flush=True)  # the test now sends SIGTERM to the whole process group
+            time.sleep(3)
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2, persistent_workers=True)
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[SaveOnSigterm(sys.argv[1])])
+trainer.fit(Model(), loader)
+print("fit returned without the signal", flush=True)
+"""
+
+
+def test_sigterm_to_the_process_group_with_data_workers_saves(tmp_path):
+    """What `timeout`, SLURM and most schedulers do: SIGTERM to every process of the job, the data workers too.
+
+    The workers used to die at once, and the main process crashed ("DataLoader worker (pid ...) is killed by signal:
+    Terminated") without saving.
+    """
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(_GROUP_SIGTERM_CHILD)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, so that the signal reaches it and its workers, not pytest
+    )
+    try:
+        assert child.stdout.readline().strip() == "in step 2"
+        os.killpg(child.pid, signal.SIGTERM)
+        stdout, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, stderr[-3000:]
+    assert "without the signal" not in stdout
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 3

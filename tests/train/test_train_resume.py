@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from _crash_helpers import SignalAtStep, SignalDuringValidation
+from _run_state import assert_same_run, run_state
 from lightning.pytorch import Callback
-from train_helpers import compose
+from train_helpers import FAST, TINY_TIMM, compose
 
 from linvit.train.run import train
 
@@ -65,3 +68,58 @@ def test_explicit_ckpt_path(tmp_path, tiny_overrides):
     train(compose([*overrides, f"ckpt_path={ckpt}"], tmp_path / "second"))
     step, _ = _weights(tmp_path / "second")
     assert step == 4
+
+
+# -- SIGTERM at the moments that used to lose something (the slow tier sweeps every moment: test_resume_sweep.py) --
+SIGTERM_RUN = [
+    *TINY_TIMM,
+    *FAST,
+    "trainer.max_epochs=2",
+    "+trainer.limit_train_batches=3",
+    "+trainer.limit_test_batches=1",
+    "model.ema.enabled=true",
+    "trainer.log_every_n_steps=1",
+]
+VALIDATIONS = {
+    "two_val_batches": ["data.eval_batch_size=4", "+trainer.limit_val_batches=2"],  # a signal can land inside
+    "one_val_batch": ["+trainer.limit_val_batches=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def sigterm_runs(tmp_path_factory):
+    runs, references = tmp_path_factory.mktemp("sigterm"), {}
+
+    def reference(validation):
+        if validation not in references:
+            train(compose(SIGTERM_RUN + VALIDATIONS[validation], runs / f"reference_{validation}"))
+            references[validation] = run_state(runs / f"reference_{validation}")
+        return references[validation]
+
+    return runs, reference
+
+
+@pytest.mark.parametrize(
+    "validation, moment",
+    [
+        # the SIGTERM save came before the module's EMA update of that step: every EMA tensor was one update behind
+        pytest.param("two_val_batches", SignalAtStep(1, "SIGTERM"), id="mid-epoch-ema"),
+        # the final validation was cut short and skipped on resume: best.ckpt of epoch 0 was tested and exported
+        pytest.param("two_val_batches", SignalAtStep(5, "SIGTERM"), id="last-step"),
+        pytest.param("two_val_batches", SignalDuringValidation(1, "SIGTERM"), id="final-validation"),
+        # the SIGTERM save after the final validation replaced its last.ckpt; the resume logged no metrics
+        pytest.param("one_val_batch", SignalAtStep(5, "SIGTERM"), id="last-step-one-val-batch"),
+        # should_stop made Lightning validate at once and write best.ckpt mid-epoch
+        pytest.param("one_val_batch", SignalAtStep(4, "SIGTERM"), id="late-in-epoch-one-val-batch"),
+    ],
+)
+def test_sigterm_then_resume_matches_the_uninterrupted_run(sigterm_runs, validation, moment, request):
+    runs, reference = sigterm_runs
+    run_dir = runs / request.node.callspec.id
+    overrides = SIGTERM_RUN + VALIDATIONS[validation]
+    with pytest.raises(SystemExit) as stopped:
+        train(compose(overrides, run_dir), callbacks=[moment])
+    assert stopped.value.code in (None, 0)
+    assert not (run_dir / "metrics.json").exists(), "the run went on after SIGTERM"
+    train(compose(overrides, run_dir))
+    assert_same_run(reference(validation), run_state(run_dir), "the resumed run")
