@@ -53,9 +53,11 @@ class SignalDuringValidation(Callback):
 
 
 class SignalGroupAtStep(Callback):
-    """Send SIGTERM to this process's whole process group (workers included) when the batch after ``step`` starts.
+    """When the batch after ``step`` starts, have another process send SIGTERM to this process's whole group.
 
-    What ``timeout``, SLURM and most schedulers do. Only for a process started in its own session
+    What ``timeout``, SLURM and most schedulers do: the data-loader workers get it too, from a process that is not
+    their parent (torch's workers exit quietly only on their parent's SIGTERM). The batch then goes on for a moment,
+    so that the signal lands while it is in flight. Only for a process started in its own session
     (``start_new_session=True``): the group must not include the test runner.
     """
 
@@ -64,9 +66,16 @@ class SignalGroupAtStep(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
-            if os.getpgid(0) != os.getpid():
+            import subprocess
+            import sys
+            import time
+
+            group = os.getpgid(0)
+            if group != os.getpid():
                 raise RuntimeError("SignalGroupAtStep needs a process that leads its own group (start_new_session)")
-            os.killpg(os.getpgid(0), signal.SIGTERM)
+            sender = f"import os, signal; os.killpg({group}, signal.SIGTERM)"
+            subprocess.run([sys.executable, "-c", sender], check=False)  # the sender gets it too, and may die of it
+            time.sleep(2)
 
 
 class SnapshotRunDir(Callback):

@@ -39,8 +39,13 @@ TINY_RUN = [
 ]
 
 
-def _train(log_dir: Path, run_name: str, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run train.py in a subprocess; it records its final step count and weight digest in <run_name>.json."""
+def _train(
+    log_dir: Path, run_name: str, *extra: str, check: bool = True, new_session: bool = False
+) -> subprocess.CompletedProcess:
+    """Run train.py in a subprocess; it records its final step count and weight digest in <run_name>.json.
+
+    ``new_session``: in its own session and process group (for a test that signals the whole group).
+    """
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HELPERS), env.get("PYTHONPATH")]))
     command = [
@@ -53,7 +58,9 @@ def _train(log_dir: Path, run_name: str, *extra: str, check: bool = True) -> sub
         f"+callbacks.final_state.path={log_dir / (run_name + '.json')}",
         *extra,
     ]
-    result = subprocess.run(command, cwd=log_dir, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        command, cwd=log_dir, env=env, capture_output=True, text=True, timeout=600, start_new_session=new_session
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"train.py exited with {result.returncode}:\n{result.stderr[-4000:]}")
     return result
@@ -161,3 +168,15 @@ def test_last_checkpoint_holds_the_final_step(log_dir, reference):
 def test_same_seed_gives_identical_runs(log_dir, reference):
     _train(log_dir, "again")
     assert _outcome(log_dir, "again") == reference
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_data_workers_then_resume(log_dir, reference):
+    """SIGTERM to every process of the run, the data workers too (`timeout`, SLURM): saved in epoch 0, resumed."""
+    workers = ["data.num_workers=2", "data.persistent_workers=true"]
+    group = ["+callbacks.crash._target_=_crash_helpers.SignalGroupAtStep", "+callbacks.crash.step=1"]
+    result = _train(log_dir, "group_sigterm", *workers, *group, check=False, new_session=True)
+    assert result.returncode == 0, f"SIGTERM to the group must end the run cleanly:\n{result.stderr[-3000:]}"
+    assert _ckpt_step(_run_dir(log_dir, "group_sigterm") / "checkpoints" / "last.ckpt") == 2
+    _train(log_dir, "group_sigterm", *workers)  # the data workers give the same samples as the main process
+    assert _outcome(log_dir, "group_sigterm") == reference
