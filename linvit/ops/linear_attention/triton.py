@@ -90,23 +90,44 @@ def _chunking(qkv: Tensor, tokens: int, block: int, programs_per_chunk: int) -> 
     return chunk, triton.cdiv(tokens, chunk)
 
 
-def _sizes(qkv: Tensor, num_heads: int) -> dict:
-    channels = qkv.shape[-1] // 3
-    head_dim = channels // num_heads
-    head_pad = max(16, triton.next_power_of_2(head_dim))
+def kernel_sizes(channels: int, head_dim: int, half_inputs: bool) -> dict:
+    """The compile-time sizes of one shape: C, d, d padded to a power of two, the norm loop's block, dot precision."""
     return {
         "C": channels,
         "D": head_dim,
-        "D_PAD": head_pad,
-        "BLOCK_C": min(64, triton.next_power_of_2(channels)),
+        "D_PAD": max(16, triton.next_power_of_2(head_dim)),
+        "BLOCK_C": min(32, triton.next_power_of_2(channels)),
         # fp32 inputs keep fp32 products; half inputs lose more to their own rounding than to tf32's
-        "DOT_PRECISION": "ieee" if qkv.dtype == torch.float32 or interpreting() else "tf32",
+        "DOT_PRECISION": "tf32" if half_inputs and not interpreting() else "ieee",
     }
 
 
-def _dims(sizes: dict) -> dict:
+def compile_time_sizes(sizes: dict) -> dict:
     """The compile-time sizes every kernel takes."""
     return {key: sizes[key] for key in ("C", "D", "D_PAD", "BLOCK_C", "DOT_PRECISION")}
+
+
+# Tokens per tile and warps per program, per kernel and padded head dim: tiles that compile without spilling registers
+# on sm_90 and leave room for 2-4 programs per SM (python -m benchmarks.kernel_resources prints every kernel's use;
+# head_dim 128 spills a little in the two token-grad kernels). Not tuned on a GPU yet.
+_LAUNCH = {
+    "state": {16: (32, 4), 32: (16, 8), 64: (16, 8), 128: (16, 8)},
+    "output": {16: (64, 8), 32: (32, 8), 64: (16, 8), 128: (16, 8)},
+    "state_grad": {16: (64, 8), 32: (32, 8), 64: (16, 8), 128: (16, 8)},
+    "query_grad": {16: (32, 8), 32: (16, 8), 64: (16, 8), 128: (16, 8)},
+    "key_value_grad": {16: (16, 8), 32: (16, 4), 64: (16, 8), 128: (16, 8)},
+}
+
+
+def launch_config(kernel: str, head_pad: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of a kernel ("state", "output", "state_grad", "query_grad", "key_value_grad") for a
+    padded head dim."""
+    return _LAUNCH[kernel][head_pad]
+
+
+def _sizes(qkv: Tensor, num_heads: int) -> dict:
+    channels = qkv.shape[-1] // 3
+    return kernel_sizes(channels, channels // num_heads, qkv.dtype in (torch.float16, torch.bfloat16))
 
 
 def _kept(key_mask: Tensor | None, qkv: Tensor) -> Tensor:
@@ -143,7 +164,7 @@ def _forward(
     sizes = _sizes(qkv, num_heads)
     channels, head_dim = sizes["C"], sizes["D"]
     mask = None if key_mask is None else key_mask.contiguous().view(torch.uint8)
-    block = 64 if sizes["D_PAD"] <= 64 else 32
+    block, warps = launch_config("state", sizes["D_PAD"])
     chunk, num_chunks = _chunking(qkv, tokens, block, batch * num_heads)
     partial_s = torch.empty(batch, num_chunks, num_heads, head_dim, head_dim, device=qkv.device)
     partial_z = torch.empty(batch, num_chunks, num_heads, head_dim, device=qkv.device)
@@ -153,13 +174,14 @@ def _forward(
         partial_s, partial_z,
         tokens, qkv.stride(0), qkv.stride(1), position_stride, tokens, num_prefix_tokens, chunk, feature_eps,
         BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, PRESCALED=prescaled,
-        HAS_POS=key_position is not None, HAS_MASK=mask is not None, **_dims(sizes),
+        HAS_POS=key_position is not None, HAS_MASK=mask is not None, **compile_time_sizes(sizes), num_warps=warps,
     )  # fmt: skip
     kept = _kept(key_mask, qkv)
     state = partial_s.sum(dim=1) / kept.unsqueeze(-1)  # a fixed order: the same sums on every run
     normaliser = partial_z.sum(dim=1) / kept
     out = torch.empty(batch, tokens, channels, device=qkv.device, dtype=qkv.dtype)
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
+    block, warps = launch_config("output", sizes["D_PAD"])
     _launch(kernels.output_kernel)[(batch, triton.cdiv(tokens, block))](
         qkv, _optional(inverse_temperature, qkv), _optional(mask, qkv), state, normaliser,
         _optional(dwc_weight, qkv), _optional(dwc_bias, qkv), out,
@@ -167,7 +189,7 @@ def _forward(
         grid_w, eps, feature_eps,
         H=num_heads, BLOCK_N=block, K=kernel_size, MAP=feature_map, POWER=focusing_factor, PRESCALED=prescaled,
         HAS_MASK=mask is not None, HAS_DWC=dwc_weight is not None, HAS_BIAS=dwc_bias is not None,
-        **_dims(sizes),
+        **compile_time_sizes(sizes), num_warps=warps,
     )  # fmt: skip
     return out, state, normaliser
 
@@ -195,39 +217,47 @@ def _backward(
     sizes = _sizes(qkv, num_heads)
     channels, head_dim = sizes["C"], sizes["D"]
     mask = None if key_mask is None else key_mask.contiguous().view(torch.uint8)
-    dims = _dims(sizes)
-    block = 64 if sizes["D_PAD"] <= 64 else 32
+    dims = compile_time_sizes(sizes)
+    block, warps = launch_config("state_grad", sizes["D_PAD"])
     chunk, num_chunks = _chunking(qkv, tokens, block, batch * num_heads)
     partial_ds = torch.empty(batch, num_chunks, num_heads, head_dim, head_dim, device=qkv.device)
     partial_dz = torch.empty(batch, num_chunks, num_heads, head_dim, device=qkv.device)
     _launch(kernels.state_grad_kernel)[(batch, num_chunks, num_heads)](
         qkv, _optional(inverse_temperature, qkv), state, normaliser, grad_out, partial_ds, partial_dz,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), num_prefix_tokens, chunk,
-        eps, feature_eps, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims,
+        eps, feature_eps, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims, num_warps=warps,
     )  # fmt: skip
     kept = _kept(key_mask, qkv)
     state_grad = partial_ds.sum(dim=1) / kept.unsqueeze(-1)
     normaliser_grad = partial_dz.sum(dim=1) / kept
 
-    token_block = 32  # the token-grad kernel holds many tiles at once: smaller tiles keep it in registers
-    num_tiles = triton.cdiv(tokens, token_block)
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
     grad_qkv = torch.empty(batch, tokens, 3 * channels, device=qkv.device, dtype=qkv.dtype)
-    partial_dinv = torch.zeros(batch, num_tiles, channels, device=qkv.device)
-    partial_dw = torch.zeros(batch, num_tiles, head_dim, kernel_size * kernel_size, device=qkv.device)
-    partial_db = torch.zeros(batch, num_tiles, head_dim, device=qkv.device)
-    position_stride = 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
-    _launch(kernels.token_grad_kernel)[(batch, num_tiles)](
-        qkv, _optional(key_position, qkv), _optional(inverse_temperature, qkv), _optional(mask, qkv), state,
-        normaliser, state_grad, normaliser_grad, _optional(dwc_weight, qkv), grad_out, grad_qkv, partial_dinv,
-        partial_dw, partial_db,
+    block, warps = launch_config("query_grad", sizes["D_PAD"])
+    query_tiles = triton.cdiv(tokens, block)
+    query_dinv = torch.zeros(batch, query_tiles, channels, device=qkv.device)
+    _launch(kernels.query_grad_kernel)[(batch, query_tiles)](
+        qkv, _optional(inverse_temperature, qkv), state, normaliser, grad_out, grad_qkv, query_dinv,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
-        grad_qkv.stride(1), position_stride, tokens, num_prefix_tokens, grid_h, grid_w, eps, feature_eps,
-        H=num_heads, BLOCK_N=token_block, K=kernel_size, KK_PAD=triton.next_power_of_2(kernel_size * kernel_size),
-        MAP=feature_map, POWER=focusing_factor, HAS_POS=key_position is not None, HAS_MASK=mask is not None,
-        HAS_DWC=dwc_weight is not None, **dims,
+        grad_qkv.stride(1), num_prefix_tokens, eps, feature_eps,
+        H=num_heads, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims, num_warps=warps,
     )  # fmt: skip
-    grad_inverse = partial_dinv.sum(dim=(0, 1))
+    block, warps = launch_config("key_value_grad", sizes["D_PAD"])
+    key_tiles = triton.cdiv(tokens, block)
+    key_dinv = torch.zeros(batch, key_tiles, channels, device=qkv.device)
+    partial_dw = torch.zeros(batch, key_tiles, head_dim, kernel_size * kernel_size, device=qkv.device)
+    partial_db = torch.zeros(batch, key_tiles, head_dim, device=qkv.device)
+    position_stride = 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
+    _launch(kernels.key_value_grad_kernel)[(batch, key_tiles)](
+        qkv, _optional(key_position, qkv), _optional(inverse_temperature, qkv), _optional(mask, qkv), state_grad,
+        normaliser_grad, _optional(dwc_weight, qkv), grad_out, grad_qkv, key_dinv, partial_dw, partial_db,
+        tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
+        grad_qkv.stride(1), position_stride, tokens, num_prefix_tokens, grid_h, grid_w, feature_eps,
+        H=num_heads, BLOCK_N=block, K=kernel_size, KK_PAD=triton.next_power_of_2(kernel_size * kernel_size),
+        MAP=feature_map, POWER=focusing_factor, HAS_POS=key_position is not None, HAS_MASK=mask is not None,
+        HAS_DWC=dwc_weight is not None, **dims, num_warps=warps,
+    )  # fmt: skip
+    grad_inverse = query_dinv.sum(dim=(0, 1)) + key_dinv.sum(dim=(0, 1))
     grad_weight = partial_dw.sum(dim=(0, 1)).view(head_dim, 1, kernel_size, kernel_size)
     grad_bias = partial_db.sum(dim=(0, 1))
     return grad_qkv, grad_inverse, grad_weight, grad_bias

@@ -2,20 +2,21 @@
 
 Only bytes moved count here (head_dim 32 gives ~13 FLOP per byte), so every kernel reads q|k|v straight from the
 (B, N, 3C) projection output through its strides, recomputes the feature maps instead of storing them, and keeps
-only the fp32 state S = Σ φ(k) vᵀ (d×d) and z = Σ φ(k) (d) per head between the passes. Four kernels:
+only the fp32 state S = Σ φ(k) vᵀ (d×d) and z = Σ φ(k) (d) per head between the passes. Five kernels:
 
 - ``state_kernel`` (forward, grid batch × token chunks × heads): partial S, z of one head over a chunk of tokens;
   many chunks keep all SMs busy, and the caller sums the partials in a fixed order (deterministic);
 - ``output_kernel`` (forward, grid batch × token tiles): φ(q)·S / (φ(q)·z + eps) for every head of a tile, plus
   the depthwise conv of v from shifted loads (the halo comes from cache), written as (B, N, C);
 - ``state_grad_kernel`` (backward, grid batch × token chunks × heads): partial dS, dz from the queries;
-- ``token_grad_kernel`` (backward, grid batch × token tiles): dq, dk, dv, and per-tile partials of the temperature
-  and DWC weight/bias gradients.
+- ``query_grad_kernel`` and ``key_value_grad_kernel`` (backward, grid batch × token tiles): dq; dk, dv; and
+  per-tile partials of the temperature and DWC weight/bias gradients. (One kernel for both would read dL/dout once
+  instead of twice, but holds too many tiles at once: it spills registers.)
 
 Feature maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
 (max(x, feature_eps·inv) when ``PRESCALED``: x already holds (x + feature_eps)·inv) and φ = ‖a‖ / ‖a^p‖ · a^p with
 the norms over all C channels of a token. That couples the heads, so a program first runs over all C channels of
-its tokens (``_focus_stats``), and the token-grad kernel makes two passes over the heads (the first sums the
+its tokens (``_focus_stats``), and the token-grad kernels make two passes over the heads (the first sums the
 cross-head term of the norms' gradient). The map is evaluated scale-free, with m = max_c a and â = a / m:
 φ = m · ‖â‖ / ‖â^p‖ · â^p, which equals the definition but neither overflows for large a nor underflows to
 denormals (and 0/0) for tiny a, where a^(2p) leaves float32's range.
@@ -255,8 +256,8 @@ def _shifted_sum(
     """Σ_(ky,kx) w[:, ky, kx] · src[y + SIGN (ky - K//2), x + SIGN (kx - K//2)] over a head tile: the depthwise conv
     (SIGN = 1, masked sources zero) or its transpose (SIGN = -1)."""
     acc = tl.zeros([BLOCK_N, D_PAD], tl.float32)
-    for ky in tl.static_range(K):
-        for kx in tl.static_range(K):
+    for ky in range(K):
+        for kx in range(K):
             value = _neighbour(
                 src_base, head_cols, col_ok, yy, xx, is_spatial, SIGN * (ky - K // 2), SIGN * (kx - K // 2),
                 stride_n, prefix, grid_h, grid_w, mask_base, HAS_MASK,
@@ -359,7 +360,7 @@ def output_kernel(
     grid_w,
     eps,
     feature_eps,
-    H: tl.constexpr,
+    H,
     C: tl.constexpr,
     D: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -533,13 +534,93 @@ def state_grad_kernel(
 
 
 @triton.jit
-def token_grad_kernel(
+def query_grad_kernel(
+    qkv_ptr,
+    inv_ptr,
+    s_ptr,
+    z_ptr,
+    do_ptr,
+    dqkv_ptr,
+    dinv_ptr,
+    N,
+    stride_b,
+    stride_n,
+    do_stride_b,
+    do_stride_n,
+    dqkv_stride_b,
+    dqkv_stride_n,
+    prefix,
+    eps,
+    feature_eps,
+    H,
+    C: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    MAP: tl.constexpr,
+    POWER: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dq of one token tile (all heads), and this tile's share of the temperature gradient from the queries."""
+    b = tl.program_id(0)
+    tile = tl.program_id(1)
+    num_tiles = tl.num_programs(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    q_base = qkv_ptr + b.to(tl.int64) * stride_b
+    do_base = do_ptr + b.to(tl.int64) * do_stride_b
+    dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
+    cols = tl.arange(0, D_PAD)
+    col_ok = cols < D
+    ok = row_ok[:, None] & col_ok[None, :]
+    square = cols[:, None] * D + cols[None, :]
+    square_ok = col_ok[:, None] & col_ok[None, :]
+    m = tl.zeros([BLOCK_N], tl.float32)
+    sq_a = m
+    sq_y = m
+    cross = m
+    if MAP == 0:
+        m, sq_a, sq_y = _focus_stats(
+            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
+            False, False,
+        )  # fmt: skip
+        # first pass over the heads: the cross-head sum Σ_c dL/dφ_c · â_c^p of the norms' gradient
+        for h in range(H):
+            head_cols = h * D + cols
+            inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
+            state = (b * H + h).to(tl.int64)
+            s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
+            z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+            x, _, _, _, dphi = _query_grad(
+                q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
+                do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
+            )  # fmt: skip
+            y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
+            cross += tl.sum(dphi * y, axis=1)
+    for h in range(H):
+        head_cols = h * D + cols
+        inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
+        state = (b * H + h).to(tl.int64)
+        s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
+        z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+        x, _, _, _, dphi = _query_grad(
+            q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
+            do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
+        )  # fmt: skip
+        dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
+        tl.store(dq_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
+        if MAP == 0:
+            dinv = tl.sum(tl.where(ok, dinv, 0.0), axis=0)
+            tl.store(dinv_ptr + (b * num_tiles + tile).to(tl.int64) * C + head_cols, dinv, mask=col_ok)
+
+
+@triton.jit
+def key_value_grad_kernel(
     qkv_ptr,
     pos_ptr,
     inv_ptr,
     mask_ptr,
-    s_ptr,
-    z_ptr,
     gs_ptr,
     gz_ptr,
     w_ptr,
@@ -560,9 +641,8 @@ def token_grad_kernel(
     prefix,
     grid_h,
     grid_w,
-    eps,
     feature_eps,
-    H: tl.constexpr,
+    H,
     C: tl.constexpr,
     D: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -577,7 +657,8 @@ def token_grad_kernel(
     HAS_DWC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dq, dk, dv of one token tile (all heads), and this tile's partial temperature and DWC gradients.
+    """dk, dv of one token tile (all heads), and this tile's partial temperature (keys' share), DWC weight and bias
+    gradients.
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
@@ -587,11 +668,11 @@ def token_grad_kernel(
     num_tiles = tl.num_programs(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    q_base = qkv_ptr + b.to(tl.int64) * stride_b
-    k_base = q_base + C
-    v_base = q_base + 2 * C
+    k_base = qkv_ptr + b.to(tl.int64) * stride_b + C
+    v_base = k_base + C
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
-    dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
+    dk_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b + C
+    dv_base = dk_base + C
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     keep = row_ok
@@ -607,44 +688,26 @@ def token_grad_kernel(
     is_spatial = row_ok & (spatial >= 0)
     yy = spatial // grid_w
     xx = spatial % grid_w
-
-    mq = tl.zeros([BLOCK_N], tl.float32)
-    sq_aq = mq
-    sq_yq = mq
-    mk = mq
-    sq_ak = mq
-    sq_yk = mq
-    cross_q = mq
-    cross_k = mq
+    m = tl.zeros([BLOCK_N], tl.float32)
+    sq_a = m
+    sq_y = m
+    cross = m
     if MAP == 0:
-        mq, sq_aq, sq_yq = _focus_stats(
-            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
-            False, False,
-        )  # fmt: skip
-        mk, sq_ak, sq_yk = _focus_stats(
+        m, sq_a, sq_y = _focus_stats(
             k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
             HAS_POS, False,
         )  # fmt: skip
-        # first pass over the heads: the cross-head sums Σ_c dL/dφ_c · â_c^p of the queries and the keys
-        for h in range(H):
+        for h in range(H):  # first pass: the cross-head sum of the norms' gradient
             head_cols = h * D + cols
             inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
             state = (b * H + h).to(tl.int64)
-            s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-            z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
             gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
             gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
-            xq, _, _, _, dphi_q = _query_grad(
-                q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, mq, sq_aq, sq_yq, stride_n,
-                do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-            )  # fmt: skip
-            yq = tl.where(ok, _power(_map(xq, inv[None, :], feature_eps, 0, False) / mq[:, None], POWER), 0.0)
-            cross_q += tl.sum(dphi_q * yq, axis=1)
-            xk = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
+            x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
             v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0).to(tl.float32)
-            dphi_k = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
-            yk = tl.where(ok, _power(_map(xk, inv[None, :], feature_eps, 0, False) / mk[:, None], POWER), 0.0)
-            cross_k += tl.sum(dphi_k * yk, axis=1)
+            dphi = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
+            y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
+            cross += tl.sum(dphi * y, axis=1)
 
     acc_w = tl.zeros([D_PAD, KK_PAD], tl.float32)
     acc_b = tl.zeros([D_PAD], tl.float32)
@@ -653,29 +716,19 @@ def token_grad_kernel(
         head_cols = h * D + cols
         inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
         state = (b * H + h).to(tl.int64)
-        s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-        z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
         gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
         gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
-        # queries
-        xq, _, _, _, dphi_q = _query_grad(
-            q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, mq, sq_aq, sq_yq, stride_n,
-            do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-        )  # fmt: skip
-        dxq, dinv_q = _feature_grad(xq, inv, dphi_q, mq, sq_aq, sq_yq, cross_q, feature_eps, MAP, POWER)
-        tl.store(dq_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dxq, mask=ok)
-        # keys
-        xk = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
-        phi_k = tl.where(keep_ok, _features(xk, inv, mk, sq_ak, sq_yk, feature_eps, MAP, POWER, False), 0.0)
+        x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
+        phi = tl.where(keep_ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
         v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0).to(tl.float32)
-        dphi_k = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
-        dxk, dinv_k = _feature_grad(xk, inv, dphi_k, mk, sq_ak, sq_yk, cross_k, feature_eps, MAP, POWER)
-        tl.store(dq_base + C + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dxk, 0.0), mask=ok)
+        dphi = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
+        dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
+        tl.store(dk_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dx, 0.0), mask=ok)
         if MAP == 0:
-            dinv = tl.sum(tl.where(ok, dinv_q, 0.0) + tl.where(keep_ok, dinv_k, 0.0), axis=0)
+            dinv = tl.sum(tl.where(keep_ok, dinv, 0.0), axis=0)
             tl.store(dinv_ptr + (b * num_tiles + tile).to(tl.int64) * C + head_cols, dinv, mask=col_ok)
         # values: through S, and through the depthwise conv
-        dv = tl.dot(phi_k, gs, input_precision=DOT_PRECISION)
+        dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
         if HAS_DWC:
             dv += _shifted_sum(
                 do_base, cols, col_ok, head_cols, yy, xx, is_spatial, do_stride_n, prefix, grid_h, grid_w,
@@ -686,8 +739,8 @@ def token_grad_kernel(
                 mask=ok & is_spatial[:, None],
                 other=0.0,
             ).to(tl.float32)
-            for ky in tl.static_range(K):
-                for kx in tl.static_range(K):
+            for ky in range(K):
+                for kx in range(K):
                     value = _neighbour(
                         v_base, head_cols, col_ok, yy, xx, is_spatial, ky - K // 2, kx - K // 2, stride_n, prefix,
                         grid_h, grid_w, mask_base, HAS_MASK,
@@ -695,9 +748,7 @@ def token_grad_kernel(
                     contribution = tl.sum(g * value, axis=0)
                     acc_w += tl.where(kk[None, :] == ky * K + kx, contribution[:, None], 0.0)
             acc_b += tl.sum(g, axis=0)
-        tl.store(
-            dq_base + 2 * C + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dv, 0.0), mask=ok
-        )
+        tl.store(dv_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dv, 0.0), mask=ok)
     if HAS_DWC:
         slot = (b * num_tiles + tile).to(tl.int64)
         weight_ok = col_ok[:, None] & (kk[None, :] < K * K)
