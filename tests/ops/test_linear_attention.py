@@ -27,6 +27,8 @@ CASES = {
     "focused_batched_position": _case("focused", (4, 9), 2, 16, position="batched"),
     "focused_class_token": _case("focused", (3, 5), 1, 32, prefix=1, power=4.5),
     "focused_no_dwc_one_row": _case("focused", (1, 11), 2, 16, kernel=0, mask=True),
+    "focused_head_dim_64": _case("focused", (5, 4), 2, 64, kernel=5, mask=True),
+    "focused_head_dim_128": _case("focused", (3, 3), 1, 128, kernel=3),
     "relu": _case("relu", (7, 3), 2, 16, kernel=5, mask=True),
     "elu": _case("elu", (4, 4), 2, 16, kernel=0, position=None),
 }
