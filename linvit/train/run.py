@@ -16,9 +16,45 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 _log = logging.getLogger("linvit.train")
+
+
+class RunDirectoryGuard(Callback):
+    """Hydra callback (``configs/hydra/default.yaml``): one ``python train.py`` per run directory.
+
+    Before Hydra creates the run directory and writes ``.hydra/`` into it: a timestamped ``run_name`` (the default)
+    becomes one that no other run has (``<time>``, else ``<time>_1`` ...), and the directory is locked for the life
+    of the process, so that a second process with the same explicit ``run_name`` is refused at once (exit status 1,
+    the message on stderr) instead of writing into a running run. The other processes of a multi-process run (DDP
+    ranks) share rank 0's directory.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from omegaconf import open_dict, read_write
+
+        from linvit.train.run_dir import (
+            RunDirectoryInUseError,
+            claim_new_directory,
+            hold_run_directory,
+            is_first_process,
+        )
+
+        if not is_first_process():
+            return
+        with read_write(config), open_dict(config):
+            run_dir = Path(str(config.hydra.run.dir))
+            timestamped = "${now:" in str(config._get_node("run_name")._value())
+            if timestamped and run_dir.name == str(config.run_name):
+                config.run_name = claim_new_directory(run_dir.parent, run_dir.name).name
+                run_dir = Path(str(config.hydra.run.dir))
+        try:
+            hold_run_directory(run_dir)
+        except RunDirectoryInUseError as error:
+            # Hydra turns a callback's exceptions into warnings and goes on; SystemExit stops it before it writes
+            raise SystemExit(f"Error: {error}") from None
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -97,7 +133,17 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     """Fit (``cfg.train``), test (``cfg.test``) and export (``cfg.export``) as configured; returns the metrics.
 
     ``callbacks``: Lightning callbacks added to those of ``cfg.callbacks`` (for programmatic use and tests).
+    The run directory (``paths.output_dir``) is locked meanwhile: a second process that runs in it is refused with
+    :class:`linvit.train.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.run_dir`).
     """
+    from linvit.train.run_dir import is_first_process, run_directory_lock
+
+    output_dir = Path(str(cfg.paths.output_dir))
+    with run_directory_lock(output_dir) if is_first_process() else contextlib.nullcontext():
+        return _fit_test_export(cfg, callbacks)
+
+
+def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, float]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
