@@ -11,6 +11,7 @@ do not depend on the padding, and pads with copies of the last row/column, which
 queries may still see padded keys, so no softmax row is ever fully masked; their outputs are dropped.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,10 +103,16 @@ _SIZE_CACHE: dict[tuple, Any] = {}
 _SIZE_CACHE_LIMIT = 128
 
 
-def _remember(key: tuple, value: Any) -> None:
-    if len(_SIZE_CACHE) >= _SIZE_CACHE_LIMIT:
-        _SIZE_CACHE.clear()
-    _SIZE_CACHE[key] = value
+def _remember(key: tuple, build: Callable[[], Any]) -> Any:
+    """The cached value for key, built on first use. Built outside inference mode: tensors first made under
+    `torch.inference_mode()` could not be saved for backward by later training calls (index_select saves its index).
+    """
+    if key not in _SIZE_CACHE:
+        if len(_SIZE_CACHE) >= _SIZE_CACHE_LIMIT:
+            _SIZE_CACHE.clear()
+        with torch.inference_mode(False):
+            _SIZE_CACHE[key] = build()
+    return _SIZE_CACHE[key]
 
 
 @torch.jit.ignore
@@ -117,9 +124,7 @@ def _cached_shifted_window_mask(
     device: torch.device,
 ) -> Tensor | None:
     key = ("shift_mask", hw, padded_hw, window, shift, str(device))
-    if key not in _SIZE_CACHE:
-        _remember(key, _shifted_window_mask(hw, padded_hw, window, shift, device))
-    return _SIZE_CACHE[key]
+    return _remember(key, lambda: _shifted_window_mask(hw, padded_hw, window, shift, device))
 
 
 @torch.fx.wrap
@@ -153,9 +158,7 @@ def _cached_window_layout(
     hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
 ) -> tuple[Tensor, Tensor]:
     key = ("layout", hw, window, shift, str(device))
-    if key not in _SIZE_CACHE:
-        _remember(key, _window_layout(hw, window, shift, device))
-    return _SIZE_CACHE[key]
+    return _remember(key, lambda: _window_layout(hw, window, shift, device))
 
 
 @torch.fx.wrap
@@ -206,9 +209,7 @@ def _cached_window_mask_layout(
 ) -> tuple[Tensor, Tensor | None]:
     # relative_index is a function of full_window (a buffer of the module), so the sizes identify it
     key = ("mask", hw, window, shift, full_window, num_heads, str(relative_index.device), str(dtype))
-    if key not in _SIZE_CACHE:
-        _remember(key, _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype))
-    return _SIZE_CACHE[key]
+    return _remember(key, lambda: _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype))
 
 
 @torch.fx.wrap

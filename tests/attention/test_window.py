@@ -293,3 +293,15 @@ def test_window_attention_compiles_without_graph_breaks_and_keeps_gradients():
         results.append((out.detach(), x.grad.clone(), module.relative_position_bias_table.grad.clone()))
     for fast, slow in zip(*results):
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+def test_layouts_first_built_in_inference_mode_serve_training():
+    """The size caches outlive the call that filled them: built under torch.inference_mode(), they must still be
+    usable (and saved for backward) by a later training call."""
+    module = _randomise(WindowAttention(16, 2, window_size=3, shift_size=1)).train()
+    hw = (7, 5)  # sizes no other test uses, so this test fills the caches
+    with torch.inference_mode():
+        module(_tokens(1, hw, 16).float(), hw)
+    x = _tokens(2, hw, 16).float().requires_grad_(True)
+    module(x, hw).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
