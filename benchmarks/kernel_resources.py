@@ -93,6 +93,8 @@ def kernel_cases(head_dim: int, heads: int, feature_map: str, dtype: str) -> lis
             constants["HAS_BIAS"] = True
         if name == "key_value_grad":
             constants["KK_PAD"] = 32
+        if name in ("query_grad", "key_value_grad"):
+            constants["H_PAD"] = triton.next_power_of_2(heads)
         cases.append((name, kernel, constants, data, warps))
     return cases
 

@@ -109,13 +109,13 @@ def compile_time_sizes(sizes: dict) -> dict:
 
 # Tokens per tile and warps per program, per kernel and padded head dim: tiles that compile without spilling registers
 # on sm_90 and leave room for 2-4 programs per SM (python -m benchmarks.kernel_resources prints every kernel's use;
-# head_dim 128 spills a little in the two token-grad kernels). Not tuned on a GPU yet.
+# the query-grad kernel spills a few bytes at head_dim 64 and both token-grad kernels at 128). Not yet tuned on a GPU.
 _LAUNCH = {
     "state": {16: (32, 4), 32: (16, 8), 64: (16, 8), 128: (16, 8)},
     "output": {16: (64, 8), 32: (32, 8), 64: (16, 8), 128: (16, 8)},
     "state_grad": {16: (64, 8), 32: (32, 8), 64: (16, 8), 128: (16, 8)},
     "query_grad": {16: (32, 8), 32: (16, 8), 64: (16, 8), 128: (16, 8)},
-    "key_value_grad": {16: (16, 8), 32: (16, 4), 64: (16, 8), 128: (16, 8)},
+    "key_value_grad": {16: (16, 8), 32: (16, 8), 64: (16, 8), 128: (16, 8)},
 }
 
 
@@ -233,29 +233,31 @@ def _backward(
 
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
     grad_qkv = torch.empty(batch, tokens, 3 * channels, device=qkv.device, dtype=qkv.dtype)
+    head_pad = triton.next_power_of_2(num_heads)
     block, warps = launch_config("query_grad", sizes["D_PAD"])
-    query_tiles = triton.cdiv(tokens, block)
-    query_dinv = torch.zeros(batch, query_tiles, channels, device=qkv.device)
-    _launch(kernels.query_grad_kernel)[(batch, query_tiles)](
+    chunk, num_chunks = _chunking(qkv, tokens, block, batch)
+    query_dinv = torch.zeros(batch, num_chunks, channels, device=qkv.device)
+    _launch(kernels.query_grad_kernel)[(batch, num_chunks)](
         qkv, _optional(inverse_temperature, qkv), state, normaliser, grad_out, grad_qkv, query_dinv,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
-        grad_qkv.stride(1), num_prefix_tokens, eps, feature_eps,
-        H=num_heads, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims, num_warps=warps,
+        grad_qkv.stride(1), num_prefix_tokens, chunk, eps, feature_eps,
+        H=num_heads, H_PAD=head_pad, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims, num_warps=warps,
     )  # fmt: skip
     block, warps = launch_config("key_value_grad", sizes["D_PAD"])
-    key_tiles = triton.cdiv(tokens, block)
-    key_dinv = torch.zeros(batch, key_tiles, channels, device=qkv.device)
-    partial_dw = torch.zeros(batch, key_tiles, head_dim, kernel_size * kernel_size, device=qkv.device)
-    partial_db = torch.zeros(batch, key_tiles, head_dim, device=qkv.device)
+    chunk, num_chunks = _chunking(qkv, tokens, block, batch)
+    key_dinv = torch.zeros(batch, num_chunks, channels, device=qkv.device)
+    partial_dw = torch.zeros(batch, num_chunks, head_dim, kernel_size * kernel_size, device=qkv.device)
+    partial_db = torch.zeros(batch, num_chunks, head_dim, device=qkv.device)
     position_stride = 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
-    _launch(kernels.key_value_grad_kernel)[(batch, key_tiles)](
+    _launch(kernels.key_value_grad_kernel)[(batch, num_chunks)](
         qkv, _optional(key_position, qkv), _optional(inverse_temperature, qkv), _optional(mask, qkv), state_grad,
         normaliser_grad, _optional(dwc_weight, qkv), grad_out, grad_qkv, key_dinv, partial_dw, partial_db,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
-        grad_qkv.stride(1), position_stride, tokens, num_prefix_tokens, grid_h, grid_w, feature_eps,
-        H=num_heads, BLOCK_N=block, K=kernel_size, KK_PAD=triton.next_power_of_2(kernel_size * kernel_size),
-        MAP=feature_map, POWER=focusing_factor, HAS_POS=key_position is not None, HAS_MASK=mask is not None,
-        HAS_DWC=dwc_weight is not None, **dims, num_warps=warps,
+        grad_qkv.stride(1), position_stride, tokens, num_prefix_tokens, chunk, grid_h, grid_w, feature_eps,
+        H=num_heads, H_PAD=head_pad, BLOCK_N=block, K=kernel_size,
+        KK_PAD=triton.next_power_of_2(kernel_size * kernel_size), MAP=feature_map, POWER=focusing_factor,
+        HAS_POS=key_position is not None, HAS_MASK=mask is not None, HAS_DWC=dwc_weight is not None, **dims,
+        num_warps=warps,
     )  # fmt: skip
     grad_inverse = query_dinv.sum(dim=(0, 1)) + key_dinv.sum(dim=(0, 1))
     grad_weight = partial_dw.sum(dim=(0, 1)).view(head_dim, 1, kernel_size, kernel_size)

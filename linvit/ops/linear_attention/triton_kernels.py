@@ -9,8 +9,8 @@ only the fp32 state S = Σ φ(k) vᵀ (d×d) and z = Σ φ(k) (d) per head betwe
 - ``output_kernel`` (forward, grid batch × token tiles): φ(q)·S / (φ(q)·z + eps) for every head of a tile, plus
   the depthwise conv of v from shifted loads (the halo comes from cache), written as (B, N, C);
 - ``state_grad_kernel`` (backward, grid batch × token chunks × heads): partial dS, dz from the queries;
-- ``query_grad_kernel`` and ``key_value_grad_kernel`` (backward, grid batch × token tiles): dq; dk, dv; and
-  per-tile partials of the temperature and DWC weight/bias gradients. (One kernel for both would read dL/dout once
+- ``query_grad_kernel`` and ``key_value_grad_kernel`` (backward, grid batch × token chunks): dq; dk, dv; and
+  per-chunk partials of the temperature and DWC weight/bias gradients. (One kernel for both would read dL/dout once
   instead of twice, but holds too many tiles at once: it spills registers.)
 
 Feature maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
@@ -550,42 +550,61 @@ def query_grad_kernel(
     dqkv_stride_b,
     dqkv_stride_n,
     prefix,
+    chunk,
     eps,
     feature_eps,
     H,
     C: tl.constexpr,
     D: tl.constexpr,
     D_PAD: tl.constexpr,
+    H_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     MAP: tl.constexpr,
     POWER: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dq of one token tile (all heads), and this tile's share of the temperature gradient from the queries."""
+    """dq of the queries of chunk t (all heads), and the chunk's share of the temperature gradient."""
     b = tl.program_id(0)
-    tile = tl.program_id(1)
-    num_tiles = tl.num_programs(1)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    t = tl.program_id(1)
+    num_chunks = tl.num_programs(1)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
     cols = tl.arange(0, D_PAD)
     col_ok = cols < D
-    ok = row_ok[:, None] & col_ok[None, :]
     square = cols[:, None] * D + cols[None, :]
     square_ok = col_ok[:, None] & col_ok[None, :]
-    m = tl.zeros([BLOCK_N], tl.float32)
-    sq_a = m
-    sq_y = m
-    cross = m
-    if MAP == 0:
-        m, sq_a, sq_y = _focus_stats(
-            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
-            False, False,
-        )  # fmt: skip
-        # first pass over the heads: the cross-head sum Σ_c dL/dφ_c · â_c^p of the norms' gradient
+    head_rows = tl.arange(0, H_PAD)
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
+    start = t * chunk
+    stop = tl.minimum(start + chunk, N)
+    for row0 in range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        row_ok = rows < stop
+        ok = row_ok[:, None] & col_ok[None, :]
+        m = tl.zeros([BLOCK_N], tl.float32)
+        sq_a = m
+        sq_y = m
+        cross = m
+        if MAP == 0:
+            m, sq_a, sq_y = _focus_stats(
+                q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
+                False, False,
+            )  # fmt: skip
+            # first pass over the heads: the cross-head sum Σ_c dL/dφ_c · â_c^p of the norms' gradient
+            for h in range(H):
+                head_cols = h * D + cols
+                inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
+                state = (b * H + h).to(tl.int64)
+                s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
+                z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+                x, _, _, _, dphi = _query_grad(
+                    q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
+                    do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
+                )  # fmt: skip
+                y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
+                cross += tl.sum(dphi * y, axis=1)
         for h in range(H):
             head_cols = h * D + cols
             inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
@@ -596,23 +615,15 @@ def query_grad_kernel(
                 q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
                 do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
             )  # fmt: skip
-            y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
-            cross += tl.sum(dphi * y, axis=1)
-    for h in range(H):
-        head_cols = h * D + cols
-        inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-        state = (b * H + h).to(tl.int64)
-        s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-        z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
-        x, _, _, _, dphi = _query_grad(
-            q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
-            do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-        )  # fmt: skip
-        dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
-        tl.store(dq_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
-        if MAP == 0:
-            dinv = tl.sum(tl.where(ok, dinv, 0.0), axis=0)
-            tl.store(dinv_ptr + (b * num_tiles + tile).to(tl.int64) * C + head_cols, dinv, mask=col_ok)
+            dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
+            tl.store(dq_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
+            if MAP == 0:
+                dinv = tl.sum(tl.where(ok, dinv, 0.0), axis=0)
+                acc_dinv += tl.where(head_rows[:, None] == h, dinv[None, :], 0.0)
+    if MAP == 0:
+        slot = (b * num_chunks + t).to(tl.int64)
+        channels = head_rows[:, None] * D + cols[None, :]
+        tl.store(dinv_ptr + slot * C + channels, acc_dinv, mask=(head_rows[:, None] < H) & col_ok[None, :])
 
 
 @triton.jit
@@ -639,6 +650,7 @@ def key_value_grad_kernel(
     pos_stride_b,
     mask_stride_b,
     prefix,
+    chunk,
     grid_h,
     grid_w,
     feature_eps,
@@ -646,6 +658,7 @@ def key_value_grad_kernel(
     C: tl.constexpr,
     D: tl.constexpr,
     D_PAD: tl.constexpr,
+    H_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     K: tl.constexpr,
@@ -657,17 +670,15 @@ def key_value_grad_kernel(
     HAS_DWC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dk, dv of one token tile (all heads), and this tile's partial temperature (keys' share), DWC weight and bias
-    gradients.
+    """dk, dv of the tokens of chunk t (all heads), and the chunk's partial temperature (keys' share), DWC weight and
+    bias gradients.
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
     """
     b = tl.program_id(0)
-    tile = tl.program_id(1)
-    num_tiles = tl.num_programs(1)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    t = tl.program_id(1)
+    num_chunks = tl.num_programs(1)
     k_base = qkv_ptr + b.to(tl.int64) * stride_b + C
     v_base = k_base + C
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
@@ -675,82 +686,97 @@ def key_value_grad_kernel(
     dv_base = dk_base + C
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    keep = row_ok
-    if HAS_MASK:
-        keep = keep & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
     cols = tl.arange(0, D_PAD)
     col_ok = cols < D
-    ok = row_ok[:, None] & col_ok[None, :]
-    keep_ok = keep[:, None] & col_ok[None, :]
     square = cols[:, None] * D + cols[None, :]
     square_ok = col_ok[:, None] & col_ok[None, :]
-    spatial = rows - prefix
-    is_spatial = row_ok & (spatial >= 0)
-    yy = spatial // grid_w
-    xx = spatial % grid_w
-    m = tl.zeros([BLOCK_N], tl.float32)
-    sq_a = m
-    sq_y = m
-    cross = m
-    if MAP == 0:
-        m, sq_a, sq_y = _focus_stats(
-            k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
-            HAS_POS, False,
-        )  # fmt: skip
-        for h in range(H):  # first pass: the cross-head sum of the norms' gradient
+    head_rows = tl.arange(0, H_PAD)
+    kk = tl.arange(0, KK_PAD)
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
+    acc_w = tl.zeros([D_PAD, KK_PAD], tl.float32)
+    acc_b = tl.zeros([D_PAD], tl.float32)
+    start = t * chunk
+    stop = tl.minimum(start + chunk, N)
+    for row0 in range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        row_ok = rows < stop
+        keep = row_ok
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
+        ok = row_ok[:, None] & col_ok[None, :]
+        keep_ok = keep[:, None] & col_ok[None, :]
+        spatial = rows - prefix
+        is_spatial = row_ok & (spatial >= 0)
+        yy = spatial // grid_w
+        xx = spatial % grid_w
+        m = tl.zeros([BLOCK_N], tl.float32)
+        sq_a = m
+        sq_y = m
+        cross = m
+        if MAP == 0:
+            m, sq_a, sq_y = _focus_stats(
+                k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C,
+                POWER, HAS_POS, False,
+            )  # fmt: skip
+            for h in range(H):  # first pass: the cross-head sum of the norms' gradient
+                head_cols = h * D + cols
+                inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
+                state = (b * H + h).to(tl.int64)
+                gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
+                gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
+                x = _load_raw(
+                    k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False
+                )
+                v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0)
+                dphi = tl.dot(v.to(tl.float32), tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :]
+                dphi = tl.where(keep_ok, dphi, 0.0)
+                y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
+                cross += tl.sum(dphi * y, axis=1)
+        for h in range(H):
             head_cols = h * D + cols
             inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
             state = (b * H + h).to(tl.int64)
             gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
             gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
             x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
-            v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0).to(tl.float32)
-            dphi = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
-            y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
-            cross += tl.sum(dphi * y, axis=1)
-
-    acc_w = tl.zeros([D_PAD, KK_PAD], tl.float32)
-    acc_b = tl.zeros([D_PAD], tl.float32)
-    kk = tl.arange(0, KK_PAD)
-    for h in range(H):
-        head_cols = h * D + cols
-        inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-        state = (b * H + h).to(tl.int64)
-        gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-        gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
-        x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
-        phi = tl.where(keep_ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
-        v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0).to(tl.float32)
-        dphi = tl.where(keep_ok, tl.dot(v, tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :], 0.0)
-        dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
-        tl.store(dk_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dx, 0.0), mask=ok)
-        if MAP == 0:
-            dinv = tl.sum(tl.where(keep_ok, dinv, 0.0), axis=0)
-            tl.store(dinv_ptr + (b * num_tiles + tile).to(tl.int64) * C + head_cols, dinv, mask=col_ok)
-        # values: through S, and through the depthwise conv
-        dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
-        if HAS_DWC:
-            dv += _shifted_sum(
-                do_base, cols, col_ok, head_cols, yy, xx, is_spatial, do_stride_n, prefix, grid_h, grid_w,
-                mask_base, w_ptr, BLOCK_N, D_PAD, K, -1, False,
-            )  # fmt: skip
-            g = tl.load(
-                do_base + rows[:, None] * do_stride_n + head_cols[None, :],
-                mask=ok & is_spatial[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            for ky in range(K):
-                for kx in range(K):
-                    value = _neighbour(
-                        v_base, head_cols, col_ok, yy, xx, is_spatial, ky - K // 2, kx - K // 2, stride_n, prefix,
-                        grid_h, grid_w, mask_base, HAS_MASK,
-                    )  # fmt: skip
-                    contribution = tl.sum(g * value, axis=0)
-                    acc_w += tl.where(kk[None, :] == ky * K + kx, contribution[:, None], 0.0)
-            acc_b += tl.sum(g, axis=0)
-        tl.store(dv_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], tl.where(keep_ok, dv, 0.0), mask=ok)
+            phi = tl.where(keep_ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
+            v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0)
+            dphi = tl.dot(v.to(tl.float32), tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :]
+            dphi = tl.where(keep_ok, dphi, 0.0)
+            dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
+            dx = tl.where(keep_ok, dx, 0.0)
+            tl.store(dk_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
+            if MAP == 0:
+                dinv = tl.sum(tl.where(keep_ok, dinv, 0.0), axis=0)
+                acc_dinv += tl.where(head_rows[:, None] == h, dinv[None, :], 0.0)
+            # values: through S, and through the depthwise conv
+            dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
+            if HAS_DWC:
+                dv += _shifted_sum(
+                    do_base, cols, col_ok, head_cols, yy, xx, is_spatial, do_stride_n, prefix, grid_h, grid_w,
+                    mask_base, w_ptr, BLOCK_N, D_PAD, K, -1, False,
+                )  # fmt: skip
+                g = tl.load(
+                    do_base + rows[:, None] * do_stride_n + head_cols[None, :],
+                    mask=ok & is_spatial[:, None],
+                    other=0.0,
+                ).to(tl.float32)
+                for ky in range(K):
+                    for kx in range(K):
+                        value = _neighbour(
+                            v_base, head_cols, col_ok, yy, xx, is_spatial, ky - K // 2, kx - K // 2, stride_n,
+                            prefix, grid_h, grid_w, mask_base, HAS_MASK,
+                        )  # fmt: skip
+                        contribution = tl.sum(g * value, axis=0)
+                        acc_w += tl.where(kk[None, :] == ky * K + kx, contribution[:, None], 0.0)
+                acc_b += tl.sum(g, axis=0)
+            dv = tl.where(keep_ok, dv, 0.0)
+            tl.store(dv_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dv, mask=ok)
+    slot = (b * num_chunks + t).to(tl.int64)
+    if MAP == 0:
+        channels = head_rows[:, None] * D + cols[None, :]
+        tl.store(dinv_ptr + slot * C + channels, acc_dinv, mask=(head_rows[:, None] < H) & col_ok[None, :])
     if HAS_DWC:
-        slot = (b * num_tiles + tile).to(tl.int64)
         weight_ok = col_ok[:, None] & (kk[None, :] < K * K)
         tl.store(dw_ptr + slot * (D * K * K) + cols[:, None] * (K * K) + kk[None, :], acc_w, mask=weight_ok)
         tl.store(db_ptr + slot * D + cols, acc_b, mask=col_ok)
