@@ -1,8 +1,8 @@
 """WindowAttention: Swin's (shifted) window softmax attention with relative position bias, for any (H, W).
 
 The module does what Swin's block does around its attention: pads the map to a multiple of the window, rolls it by
-the shift, partitions it into windows, and undoes all three afterwards, each way in one gather (`index_select` with
-an index cached per size) instead of a copy per step. Softmax runs through `F.scaled_dot_product_attention` with the
+the shift, partitions it into windows, and undoes all three afterwards; with a shift or padding each way is one
+gather (`index_select` with an index cached per size) instead of a copy per step, otherwise a reshape. Softmax runs through `F.scaled_dot_product_attention` with the
 relative position bias (and the masks below) as an additive mask in q's dtype, laid out as the fused kernels read it.
 
 Masks: with a shift, tokens attend only to tokens of their own region of the rolled map (Swin's mask). With padding,
@@ -26,6 +26,7 @@ from linvit.attention._windows import (
     to_pair,
     window_partition,
     window_position_index,
+    window_reverse,
     window_token_index,
 )
 
@@ -145,6 +146,11 @@ def shifted_window_mask(
     if torch.compiler.is_compiling() or device.type == "meta":
         return _shifted_window_mask(hw, padded_hw, window, shift, device)
     return _cached_shifted_window_mask(hw, padded_hw, window, shift, device)
+
+
+def _plain_partition(hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> bool:
+    """No shift and no padding: the windows are a reshape of the map."""
+    return shift[0] == 0 and shift[1] == 0 and hw[0] % window[0] == 0 and hw[1] % window[1] == 0
 
 
 def _window_layout(
@@ -335,10 +341,7 @@ class WindowAttention(nn.Module):
         x = check_token_grid(x, hw)
         batch = x.shape[0]
         window, shift = self.window_and_shift(hw)
-        token_index, position_index = window_layout(hw, window, shift, x.device)
-        # pad, roll and partition in one gather, on the C-channel input (3C when already projected); padded tokens
-        # are copies of edge tokens, masked out as keys, and dropped as queries by the gather back
-        windows = x.index_select(1, token_index)  # (B, nW * n, C)
+        windows = self._to_windows(x, hw, window, shift)  # (B * nW, n, C), or 3C when already projected
         tokens = window[0] * window[1]
         qkv = self.qkv(windows).view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B * nW, heads, n, d)
@@ -348,10 +351,30 @@ class WindowAttention(nn.Module):
         attn_mask = window_attention_mask(self.relative_position_bias_table, bias_index, mask, batch, q.dtype)
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        # (B * nW, heads, n, d) -> (B, nW * n, C): a view for the fused kernels, whose output is token-major
-        out = out.transpose(1, 2).reshape(batch, token_index.numel(), self.dim)  # not -1: an empty batch is ambiguous
-        out = out.index_select(1, position_index)  # back to (B, N, C): undoes partition, roll and padding
-        return self.proj_drop(self.proj(out))
+        # (B * nW, heads, n, d) -> (B * nW, n, C): a view for the fused kernels, whose output is token-major
+        out = out.transpose(1, 2).reshape(-1, tokens, self.dim)
+        return self.proj_drop(self.proj(self._from_windows(out, batch, hw, window, shift)))
+
+    def _to_windows(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> Tensor:
+        """(B, N, C) tokens -> (B * nW, n, C) windows of the padded, rolled map.
+
+        The projection runs on these C-channel windows: partitioning copies C channels, not 3C. Without shift and
+        padding the partition is one reshaping copy (whose backward is a copy too); otherwise one gather does pad, roll
+        and partition, and padded positions hold copies of edge tokens (masked out as keys, dropped as queries).
+        """
+        if _plain_partition(hw, window, shift):
+            return window_partition(x.view(x.shape[0], hw[0], hw[1], x.shape[-1]), window)
+        token_index, _ = window_layout(hw, window, shift, x.device)
+        return x.index_select(1, token_index).view(-1, window[0] * window[1], x.shape[-1])
+
+    def _from_windows(
+        self, out: Tensor, batch: int, hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]
+    ) -> Tensor:
+        """(B * nW, n, C) windows -> (B, N, C) tokens: the inverse of `_to_windows` on the real tokens."""
+        if _plain_partition(hw, window, shift):
+            return window_reverse(out, window, hw).view(batch, hw[0] * hw[1], out.shape[-1])
+        token_index, position_index = window_layout(hw, window, shift, out.device)
+        return out.view(batch, token_index.numel(), out.shape[-1]).index_select(1, position_index)
 
     def extra_repr(self) -> str:
         return (
