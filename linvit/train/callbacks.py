@@ -192,18 +192,25 @@ class SaveOnSigterm(Callback):
         self.path = Path(dirpath) / filename
         self._rewinding = False  # the save in progress rewinds an interrupted validation
         self._resumed_rewound = False  # this run resumed from such a checkpoint
+        self._blocking = False  # workers forked now block SIGTERM
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
+        if stage == "fit" and not self._blocking:
             _workers_block_sigterm(True)
+            self._blocking = True
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
+        self._stop_blocking()
+
+    def _stop_blocking(self) -> None:
+        if self._blocking:
             _workers_block_sigterm(False)
+            self._blocking = False
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+        self._stop_blocking()  # Lightning calls no teardown hook after an exception
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         if not trainer.validating and trainer.fit_loop.done and _saved_at_this_step(trainer):

@@ -47,6 +47,9 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "a temporary file was left behind"
+    from linvit.train import callbacks
+
+    assert callbacks._WORKERS_BLOCK_SIGTERM == 0, "processes forked after the fit would still block SIGTERM"
     signal.signal(signal.SIGTERM, previous)
 
 
