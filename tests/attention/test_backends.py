@@ -6,6 +6,8 @@ so the shapes here are small.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import timm
 import torch
@@ -15,6 +17,9 @@ from linvit.attention import FocusedLinearAttention, create_attention
 from linvit.ops import use_backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed (PyTorch's CUDA wheels bring it)"
+)
 
 MODULES = {
     "global_focused": ("focused", {"pos_size": (6, 5)}, (6, 5)),
@@ -49,6 +54,7 @@ def _assert_close(got: torch.Tensor, expected: torch.Tensor, what: str = "") -> 
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()), msg=what or None)
 
 
+@needs_triton
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_module_on_triton_equals_torch_in_value_and_gradients(name):
     attention, kwargs, hw = MODULES[name]
@@ -87,6 +93,7 @@ def test_prefix_tokens_take_part_in_attention_without_position():
         FocusedLinearAttention(32, 2, window_size=4, num_prefix_tokens=1)
 
 
+@needs_triton
 @pytest.mark.parametrize("model_name, size", [("linvit_nano", 32), ("flatten_deit_tiny_patch16_224", 48)])
 def test_whole_model_on_triton_equals_torch(model_name, size):
     """The models take the fused path with no change of their own: the process-wide backend switches them all."""

@@ -6,6 +6,8 @@ TRITON_INTERPRET=1 there), so their correctness never depends on having a GPU; s
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -13,6 +15,10 @@ from linvit.ops import BACKENDS, get_backend, linear_attention_qkv, resolve_back
 from linvit.ops.linear_attention import naive
 
 TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed (PyTorch's CUDA wheels bring it)"
+)
+TRITON = pytest.param("triton", marks=needs_triton)
 
 
 def _case(feature_map: str, hw: tuple[int, int], heads: int, head_dim: int, **options) -> dict:
@@ -99,6 +105,7 @@ def test_torch_backend_equals_naive_in_value_and_gradients(name):
         _assert_close(got, want, 1e-10)
 
 
+@needs_triton
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_triton_backend_equals_naive_in_value_and_gradients(name):
     qkv, kwargs = _inputs(CASES[name])
@@ -113,6 +120,7 @@ def test_triton_backend_equals_naive_in_value_and_gradients(name):
         _assert_close(got.cpu(), want, 5e-5)
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_half_inputs_keep_float32_state(dtype):
     """Half-precision q|k|v in, the same dtype out; inside, the maps and S, z are float32, so the error is the
@@ -129,6 +137,7 @@ def _float(value):
     return value.float().cpu() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
+@needs_triton
 def test_triton_is_deterministic():
     qkv, kwargs = _inputs(CASES["focused"])
     qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
@@ -150,7 +159,7 @@ def test_gradcheck_float64(backend):
     assert torch.autograd.gradcheck(function, (qkv, *leaves.values()), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch", "triton"])
+@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
 def test_prescaled_queries_keys_equal_raw_ones(backend):
     """prescaled=True takes q|k as (x + eps) / s (the temperature folded into the projection): same result."""
     qkv, kwargs = _inputs(CASES["focused"])
@@ -178,7 +187,7 @@ def test_prescaled_queries_keys_equal_raw_ones(backend):
             out.sum().backward()
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch", "triton"])
+@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
 def test_an_empty_batch_returns_an_empty_output(backend):
     qkv, kwargs = _inputs(CASES["focused"], batch=1)
     qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE if backend == "triton" else "cpu")
@@ -240,6 +249,7 @@ def test_wrong_arguments_say_what_is_expected(change, match):
         linear_attention_qkv(qkv, **{**kwargs, **change})
 
 
+@needs_triton
 def test_custom_ops_pass_torch_opcheck():
     """Schema, fake-tensor shapes, autograd registration and AOT dispatch of the two Triton ops."""
     import linvit.ops.linear_attention.triton  # noqa: F401  (registers the ops)
@@ -259,6 +269,7 @@ def test_custom_ops_pass_torch_opcheck():
     torch.library.opcheck(backward, (grad_out, qkv.detach(), state, normaliser, *saved, *options))
 
 
+@needs_triton
 def test_torch_export_keeps_the_fused_op():
     from linvit.attention import FocusedLinearAttention
 
@@ -278,7 +289,7 @@ def test_torch_export_keeps_the_fused_op():
     torch.testing.assert_close(program.module()(x), module(x))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", TRITON])
 def test_module_compiles_without_graph_breaks(backend):
     """Dynamo traces the module, the backend choice and the op in one graph (the Triton op is one node)."""
     from linvit.attention import FocusedLinearAttention
