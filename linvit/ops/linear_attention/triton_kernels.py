@@ -120,30 +120,42 @@ def _focus_stats(
     C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    MAP: tl.constexpr,
     POWER: tl.constexpr,
     HAS_POS: tl.constexpr,
     PRESCALED: tl.constexpr,
 ):
-    """Per token over all C channels: m = max a, ‖â‖² and ‖â^p‖² with â = a / m (online rescaling, one pass)."""
+    """Per token over all C channels: m = max a, ‖â‖² and ‖â^p‖² with â = a / m (online rescaling, one pass).
+
+    Only the focused map has them: for the others this returns zeros without reading anything."""
     m = tl.zeros([BLOCK_N], tl.float32)
     sq_a = tl.zeros([BLOCK_N], tl.float32)
     sq_y = tl.zeros([BLOCK_N], tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
-        col_ok = cols < C
-        inv = tl.load(inv_ptr + cols, mask=col_ok, other=1.0).to(tl.float32)
-        x = _load_raw(base, rows, row_ok, cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, PRESCALED)
-        a = _map(x, inv[None, :], feature_eps, 0, PRESCALED)  # > 0 everywhere (feature_eps · inv, inv = 1 off C)
-        m_new = tl.maximum(m, tl.max(tl.where(col_ok[None, :], a, 0.0), axis=1))
-        shrink = m / m_new
-        a_hat = a / m_new[:, None]
-        y = tl.where(col_ok[None, :], _power(a_hat, POWER), 0.0)
-        a_hat = tl.where(col_ok[None, :], a_hat, 0.0)
-        shrink_p = _power(tl.maximum(shrink, 1e-30), POWER)  # 0 on the first block, without log2(0)
-        sq_a = sq_a * shrink * shrink + tl.sum(a_hat * a_hat, axis=1)
-        sq_y = sq_y * shrink_p * shrink_p + tl.sum(y * y, axis=1)
-        m = m_new
+    if MAP == 0:
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            col_ok = cols < C
+            inv = tl.load(inv_ptr + cols, mask=col_ok, other=1.0).to(tl.float32)
+            x = _load_raw(base, rows, row_ok, cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, PRESCALED)
+            a = _map(x, inv[None, :], feature_eps, 0, PRESCALED)  # > 0 everywhere (feature_eps · inv, inv = 1 off C)
+            m_new = tl.maximum(m, tl.max(tl.where(col_ok[None, :], a, 0.0), axis=1))
+            shrink = m / m_new
+            a_hat = a / m_new[:, None]
+            y = tl.where(col_ok[None, :], _power(a_hat, POWER), 0.0)
+            a_hat = tl.where(col_ok[None, :], a_hat, 0.0)
+            shrink_p = _power(tl.maximum(shrink, 1e-30), POWER)  # 0 on the first block, without log2(0)
+            sq_a = sq_a * shrink * shrink + tl.sum(a_hat * a_hat, axis=1)
+            sq_y = sq_y * shrink_p * shrink_p + tl.sum(y * y, axis=1)
+            m = m_new
     return m, sq_a, sq_y
+
+
+@triton.jit
+def _head_state(s_ptr, z_ptr, state, cols, col_ok, D: tl.constexpr):
+    """The (D×D, D) fp32 state of one (batch element, head) slot, zero-padded to D_PAD."""
+    square_ok = col_ok[:, None] & col_ok[None, :]
+    s = tl.load(s_ptr + state * (D * D) + cols[:, None] * D + cols[None, :], mask=square_ok, other=0.0)
+    return s, tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
 
 
 @triton.jit
@@ -320,14 +332,10 @@ def state_kernel(
         if HAS_MASK:
             row_ok = row_ok & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
         x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, PRESCALED)
-        m = tl.zeros([BLOCK_N], tl.float32)
-        sq_a = m
-        sq_y = m
-        if MAP == 0:
-            m, sq_a, sq_y = _focus_stats(
-                k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps,
-                C, BLOCK_N, BLOCK_C, POWER, HAS_POS, PRESCALED,
-            )  # fmt: skip
+        m, sq_a, sq_y = _focus_stats(
+            k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps,
+            C, BLOCK_N, BLOCK_C, MAP, POWER, HAS_POS, PRESCALED,
+        )  # fmt: skip
         ok = row_ok[:, None] & col_ok[None, :]
         phi = tl.where(ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, PRESCALED), 0.0)
         v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -386,14 +394,10 @@ def output_kernel(
     cols = tl.arange(0, D_PAD)
     col_ok = cols < D
     ok = row_ok[:, None] & col_ok[None, :]
-    m = tl.zeros([BLOCK_N], tl.float32)
-    sq_a = m
-    sq_y = m
-    if MAP == 0:
-        m, sq_a, sq_y = _focus_stats(
-            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
-            C, BLOCK_N, BLOCK_C, POWER, False, PRESCALED,
-        )  # fmt: skip
+    m, sq_a, sq_y = _focus_stats(
+        q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
+        C, BLOCK_N, BLOCK_C, MAP, POWER, False, PRESCALED,
+    )  # fmt: skip
     spatial = rows - prefix
     is_spatial = row_ok & (spatial >= 0)
     yy = spatial // grid_w
@@ -404,12 +408,7 @@ def output_kernel(
         x = _load_raw(q_base, rows, row_ok, head_cols, col_ok, stride_n, q_base, prefix, inv, C, False, PRESCALED)
         phi = tl.where(ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, PRESCALED), 0.0)
         state = (b * H + h).to(tl.int64)
-        s = tl.load(
-            s_ptr + state * (D * D) + cols[:, None] * D + cols[None, :],
-            mask=col_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
-        z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+        s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
         den = tl.sum(phi * z[None, :], axis=1) + eps
         out = num / den[:, None]
@@ -505,8 +504,7 @@ def state_grad_kernel(
     state = (b * num_heads + h).to(tl.int64)
     square = cols[:, None] * D + cols[None, :]
     square_ok = col_ok[:, None] & col_ok[None, :]
-    s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-    z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+    s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
     acc_s = tl.zeros([D_PAD, D_PAD], tl.float32)
     acc_z = tl.zeros([D_PAD], tl.float32)
     start = t * chunk
@@ -514,14 +512,10 @@ def state_grad_kernel(
     for row0 in range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < stop
-        m = tl.zeros([BLOCK_N], tl.float32)
-        sq_a = m
-        sq_y = m
-        if MAP == 0:
-            m, sq_a, sq_y = _focus_stats(
-                q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
-                C, BLOCK_N, BLOCK_C, POWER, False, False,
-            )  # fmt: skip
+        m, sq_a, sq_y = _focus_stats(
+            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
+            C, BLOCK_N, BLOCK_C, MAP, POWER, False, False,
+        )  # fmt: skip
         _, phi, dnum, dden, _ = _query_grad(
             q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
             do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
@@ -573,8 +567,6 @@ def query_grad_kernel(
     dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
     cols = tl.arange(0, D_PAD)
     col_ok = cols < D
-    square = cols[:, None] * D + cols[None, :]
-    square_ok = col_ok[:, None] & col_ok[None, :]
     head_rows = tl.arange(0, H_PAD)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start = t * chunk
@@ -583,22 +575,18 @@ def query_grad_kernel(
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < stop
         ok = row_ok[:, None] & col_ok[None, :]
-        m = tl.zeros([BLOCK_N], tl.float32)
-        sq_a = m
-        sq_y = m
-        cross = m
+        m, sq_a, sq_y = _focus_stats(
+            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, MAP, POWER,
+            False, False,
+        )  # fmt: skip
+        cross = tl.zeros([BLOCK_N], tl.float32)
         if MAP == 0:
-            m, sq_a, sq_y = _focus_stats(
-                q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, POWER,
-                False, False,
-            )  # fmt: skip
             # first pass over the heads: the cross-head sum Σ_c dL/dφ_c · â_c^p of the norms' gradient
             for h in range(H):
                 head_cols = h * D + cols
                 inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
                 state = (b * H + h).to(tl.int64)
-                s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-                z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+                s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
                 x, _, _, _, dphi = _query_grad(
                     q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
                     do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
@@ -609,8 +597,7 @@ def query_grad_kernel(
             head_cols = h * D + cols
             inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
             state = (b * H + h).to(tl.int64)
-            s = tl.load(s_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-            z = tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
+            s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
             x, _, _, _, dphi = _query_grad(
                 q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
                 do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
@@ -688,8 +675,6 @@ def key_value_grad_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     cols = tl.arange(0, D_PAD)
     col_ok = cols < D
-    square = cols[:, None] * D + cols[None, :]
-    square_ok = col_ok[:, None] & col_ok[None, :]
     head_rows = tl.arange(0, H_PAD)
     kk = tl.arange(0, KK_PAD)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
@@ -709,21 +694,17 @@ def key_value_grad_kernel(
         is_spatial = row_ok & (spatial >= 0)
         yy = spatial // grid_w
         xx = spatial % grid_w
-        m = tl.zeros([BLOCK_N], tl.float32)
-        sq_a = m
-        sq_y = m
-        cross = m
+        m, sq_a, sq_y = _focus_stats(
+            k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, MAP,
+            POWER, HAS_POS, False,
+        )  # fmt: skip
+        cross = tl.zeros([BLOCK_N], tl.float32)
         if MAP == 0:
-            m, sq_a, sq_y = _focus_stats(
-                k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C,
-                POWER, HAS_POS, False,
-            )  # fmt: skip
             for h in range(H):  # first pass: the cross-head sum of the norms' gradient
                 head_cols = h * D + cols
                 inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
                 state = (b * H + h).to(tl.int64)
-                gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-                gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
+                gs, gz = _head_state(gs_ptr, gz_ptr, state, cols, col_ok, D)
                 x = _load_raw(
                     k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False
                 )
@@ -736,8 +717,7 @@ def key_value_grad_kernel(
             head_cols = h * D + cols
             inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
             state = (b * H + h).to(tl.int64)
-            gs = tl.load(gs_ptr + state * (D * D) + square, mask=square_ok, other=0.0)
-            gz = tl.load(gz_ptr + state * D + cols, mask=col_ok, other=0.0)
+            gs, gz = _head_state(gs_ptr, gz_ptr, state, cols, col_ok, D)
             x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
             phi = tl.where(keep_ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
             v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0)
