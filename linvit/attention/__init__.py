@@ -2,12 +2,11 @@
 
 Every module has `forward(x, hw)` with tokens x (B, N, C), hw = (H, W), N == H * W, and returns (B, N, C); any H and
 W work (non-square, odd, not a multiple of the window). `create_attention(name, dim, num_heads, **kwargs)` builds
-any of them by a name from `ATTENTION_NAMES`.
+any of them by a name from `ATTENTION_NAMES`; `ATTENTIONS` holds each name's traits (see `linvit.attention.registry`).
 """
 
 from timm.layers import register_notrace_module
 
-from linvit.attention.factory import ATTENTION_NAMES, create_attention
 from linvit.attention.feature_maps import (
     KERNEL_NAMES,
     ELUFeatureMap,
@@ -23,23 +22,58 @@ from linvit.attention.feature_maps import (
     relu_feature_map,
     taylor_feature_map,
 )
-from linvit.attention.focused import FocusedLinearAttention, resize_positional_table
+from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.hybrid import HybridAttention
 from linvit.attention.linear import linear_attention, linear_attention_tokens
+from linvit.attention.positional import resize_positional_table, resize_relative_position_bias, square_grid
+from linvit.attention.registry import (
+    ATTENTION_NAMES,
+    ATTENTIONS,
+    AttentionKind,
+    attention_kind,
+    attention_options,
+    create_attention,
+    parse_attention_spec,
+    shifted_block_kwargs,
+    stage_attention_specs,
+)
 from linvit.attention.softmax import GlobalAttention
+from linvit.attention.stripe import (
+    FocusedLinearLePEAttention,
+    LePEAttention,
+    StripeAttention,
+    StripeBranches,
+    stripe_attention_reference,
+    stripe_branches,
+)
 from linvit.attention.window import WindowAttention
 
 # timm's FX feature extraction (features_only / create_feature_extractor) traces backbones whose (H, W) come from
 # traced shapes; the attentions branch on those sizes (window clamping, padding), so timm keeps them as leaves.
 # With concrete sizes they also trace through (torch.fx.symbolic_trace), see tests/attention.
-for _module in (FocusedLinearAttention, WindowAttention, GlobalAttention, HybridAttention):
+for _module in (
+    FocusedLinearAttention,
+    WindowAttention,
+    GlobalAttention,
+    HybridAttention,
+    LePEAttention,
+    FocusedLinearLePEAttention,
+    StripeAttention,
+):
     register_notrace_module(_module)
 del _module
 
 __all__ = [
+    "ATTENTIONS",
     "ATTENTION_NAMES",
     "KERNEL_NAMES",
+    "AttentionKind",
+    "attention_kind",
+    "attention_options",
     "create_attention",
+    "parse_attention_spec",
+    "shifted_block_kwargs",
+    "stage_attention_specs",
     "linear_attention",
     "linear_attention_tokens",
     "relu_feature_map",
@@ -55,8 +89,16 @@ __all__ = [
     "TaylorFeatureMap",
     "FavorFeatureMap",
     "FocusedLinearAttention",
+    "FocusedLinearLePEAttention",
+    "LePEAttention",
+    "StripeAttention",
+    "StripeBranches",
     "WindowAttention",
     "GlobalAttention",
     "HybridAttention",
     "resize_positional_table",
+    "resize_relative_position_bias",
+    "square_grid",
+    "stripe_attention_reference",
+    "stripe_branches",
 ]

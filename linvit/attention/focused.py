@@ -30,12 +30,13 @@ from linvit.attention._windows import (
     window_reverse,
 )
 from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map
-from linvit.ops import BACKENDS, linear_attention_qkv, resolve_backend
+from linvit.attention.positional import resize_positional_table
+from linvit.ops import BACKENDS, FEATURE_MAPS, linear_attention_qkv, resolve_backend
 from linvit.ops._numerics import at_least_float32, autocast_device_type
 from linvit.ops.linear_attention import torch as eager
 from linvit.ops.linear_attention.torch import channels_last_image, linear_attention_tokens
 
-__all__ = ["FocusedLinearAttention", "POS_ENCODINGS", "resize_positional_table"]
+__all__ = ["FocusedLinearAttention", "POS_ENCODINGS"]
 
 POS_ENCODINGS = ("learnable", "conv", "none")
 
@@ -45,20 +46,7 @@ torch.fx.wrap("check_token_grid")
 torch.fx.wrap("padding_valid_map")
 torch.fx.wrap("at_least_float32")
 torch.fx.wrap("linear_attention_qkv")
-
-
-def resize_positional_table(table: Tensor, table_size: tuple[int, int], size: tuple[int, int]) -> Tensor:
-    """(1, th*tw, C) positional table for a (th, tw) grid -> (1, h*w, C) for an (h, w) grid.
-
-    Bicubic interpolation (align_corners=False) in at least float32, the convention of timm and of the FLatten
-    checkpoints' resolution changes; the table is returned unchanged when the sizes agree.
-    """
-    if table_size[0] == size[0] and table_size[1] == size[1]:
-        return table
-    channels = table.shape[-1]
-    image = at_least_float32(table.reshape(1, table_size[0], table_size[1], channels).permute(0, 3, 1, 2))
-    image = F.interpolate(image, size=(size[0], size[1]), mode="bicubic", align_corners=False)
-    return image.permute(0, 2, 3, 1).reshape(1, size[0] * size[1], channels).to(table.dtype)
+torch.fx.wrap("resize_positional_table")
 
 
 def _can_fold_temperature(x: Tensor, weight: Tensor) -> bool:
@@ -174,6 +162,11 @@ class FocusedLinearAttention(nn.Module):
             raise ValueError(
                 f"num_prefix_tokens={num_prefix_tokens} needs global attention (window_size=None): prefix tokens "
                 "belong to no window."
+            )
+        if num_prefix_tokens and kernel in ("favor", "taylor"):
+            raise ValueError(
+                f"num_prefix_tokens={num_prefix_tokens} is not supported with kernel={kernel!r}; use one of "
+                f"{', '.join(FEATURE_MAPS)} (they run through linvit.ops, which handles prefix tokens)."
             )
         if dim % num_heads != 0:
             raise ValueError(
@@ -372,6 +365,27 @@ class FocusedLinearAttention(nn.Module):
         assert self.positional_conv is not None
         position = self.positional_conv(channels_last_image(k, grid, key_mask))
         return position.permute(0, 2, 3, 1).reshape(k.shape)
+
+    @torch.jit.unused
+    def set_pos_size(self, pos_size) -> None:
+        """Resize the learnable positional table to an (h, w) grid in place, like timm's `set_window_size`.
+
+        Bicubic (`resize_positional_table`), `requires_grad` kept. A windowed module whose window is its table's grid
+        (FLatten-Swin's linear windows, where `pos_size` defaults to the window) keeps the two equal. A module without
+        a learnable table has nothing to resize.
+        """
+        new_size = to_pair(pos_size, "pos_size")
+        if self.pos_size is None or self.positional_encoding is None:
+            return
+        window_is_table = self.window_size == self.pos_size
+        if new_size != self.pos_size:
+            old = self.positional_encoding
+            with torch.no_grad():
+                resized = resize_positional_table(old.detach(), self.pos_size, new_size)
+            self.positional_encoding = nn.Parameter(resized, requires_grad=old.requires_grad)
+            self.pos_size = new_size
+        if window_is_table:
+            self.window_size = new_size
 
     def extra_repr(self) -> str:
         window = "global" if self.window_size is None else f"window_size={self.window_size}"

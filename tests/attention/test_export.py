@@ -18,6 +18,7 @@ CONFIGS = [
     ("window", {"window_size": 4, "shift_size": 2}),
     ("softmax", {}),
     ("hybrid", {"window_size": 4, "shift_size": 2}),
+    ("stripe", {"split_size": 3}),  # vertical and horizontal stripes, padded at (5, 7)
 ]
 HW = (5, 7)
 
@@ -84,7 +85,9 @@ def test_timm_feature_extractor_with_traced_sizes(name, kwargs):
 
 
 def test_factory_names_and_errors():
-    assert set(ATTENTION_NAMES) == {"focused", "linear", "elu", "favor", "taylor", "window", "softmax", "hybrid"}
+    assert set(ATTENTION_NAMES) == {
+        "focused", "linear", "elu", "favor", "taylor", "window", "softmax", "hybrid", "stripe"
+    }  # fmt: skip
     assert isinstance(create_attention("window", 16, 2), WindowAttention)
     assert isinstance(create_attention("hybrid", 16, 2), HybridAttention)
     baseline = create_attention("linear", 16, 2)
