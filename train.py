@@ -1,36 +1,21 @@
-"""Train an image classifier (or any LightningModule/LightningDataModule pair) from Hydra configs.
+"""Train an image classifier (or any LightningModule/LightningDataModule pair) from Hydra configs, in a checkout.
 
     python train.py                                   # linvit_nano on scikit-learn's digits, on the CPU
     python train.py experiment=fashion_mnist_linvit_nano
     python train.py model=linvit_tiny data=imagefolder data.root=/data/imagenet trainer=ddp trainer.devices=8
     python train.py run_name=my_run                   # rerunning the same run_name resumes from its last.ckpt
     python train.py ckpt_path=outputs/.../checkpoints/last.ckpt
+    python train.py --config-dir ~/my_configs experiment=mine   # your own configs first in the search path
 
+``linvit train ...`` is the same command for any install (a wheel has no train.py); both run
+:mod:`linvit.train.hydra_app` on the configs in ``configs/`` (which the package ships as ``linvit/configs``).
 Objects are built by ``_target_`` (``cfg.data``, ``cfg.model``, ``cfg.trainer``, ``cfg.callbacks.*``,
-``cfg.logger.*``); the data -> model contract is described in :mod:`linvit.train`. Every knob is in ``configs/``.
+``cfg.logger.*``); the data -> model contract is described in :mod:`linvit.train`.
 """
 
-import logging
-import os
+from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-log = logging.getLogger("linvit.train")
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    from linvit.train.run import summarize, train
-
-    metrics = train(cfg)
-    log.info(summarize(cfg, metrics))
-    # a sweeper (hydra -m with optuna, ...) optimises the returned value
-    return metrics.get(str(cfg.get("optimized_metric", "test/acc1")))
-
+from linvit.train.hydra_app import main
 
 if __name__ == "__main__":
-    main()
+    main(configs=Path(__file__).resolve().parent / "configs")

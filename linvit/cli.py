@@ -1,12 +1,15 @@
 """The ``linvit`` command: one sub-command per module in :mod:`linvit.commands`.
 
-Each module there defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Each module there defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
+``RAW_ARGUMENTS = True`` gets its arguments unparsed through ``run_arguments(list) -> int`` (``linvit train``).
 They are imported only when their sub-command runs, so ``linvit --help`` stays fast.
+A command with ``--json`` writes its JSON to ``args.data_stream`` (stdout); everything else goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import sys
@@ -34,12 +37,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].replace("-", "_") in _command_names():
+        module = _load(argv[0].replace("-", "_"))
+        if getattr(module, "RAW_ARGUMENTS", False):  # e.g. `linvit train`: Hydra parses the rest
+            return int(module.run_arguments(argv[1:]) or 0)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    if not getattr(args, "json", False):
+        return int(args._run(args) or 0)
+    # --json: the data, and only the data, on stdout; whatever else writes to stdout while the command runs (progress
+    # bars, tables, prints of libraries) goes to stderr. A command writes its JSON to `args.data_stream`.
+    args.data_stream = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return int(args._run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a data option of the run's config, e.g. --data root=/data/imagenet (repeatable)",
     )
-    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print the metrics as JSON on stdout (progress and logs go to stderr)"
+    )
     parser.add_argument(
         "--trusted",
         action="store_true",
         help="trust the run directory: load a checkpoint that needs full unpickling and build classes its config "
         "names outside linvit's own (both run code from the files: only for runs you trust)",
     )
+
+
+# Runs saved before these options existed trained on every training image: their test split is what it was then
+# (not a share of train held out, which that model trained on; not a CIFAR validation split).
+_OPTIONS_OF_OLDER_RUNS = {
+    "linvit.train.datamodules.ImageFolderDataModule": {"test_fraction": 0},
+    "linvit.train.datamodules.CIFARDataModule": {"val_size": 0},
+}
 
 
 def _run_dir(checkpoint: Path) -> Path:
@@ -58,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"linvit eval: {config_path} not found: the run directory's resolved config is needed.\n")
         return 2
     data_cfg = OmegaConf.load(config_path).data
+    for key, value in _OPTIONS_OF_OLDER_RUNS.get(str(data_cfg.get("_target_")), {}).items():
+        if key not in data_cfg:
+            data_cfg[key] = value
     for item in args.data:
         key, sep, value = item.partition("=")
         if not sep:
@@ -97,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     results = trainer.test(model, dataloaders=loader, verbose=not args.json)
     metrics = {k.replace("test", args.split, 1): float(v) for k, v in results[0].items()}
     if args.json:
-        sys.stdout.write(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=2) + "\n")
+        stream = getattr(args, "data_stream", sys.stdout)  # the real stdout (linvit.cli sends the rest to stderr)
+        stream.write(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=2) + "\n")
+        stream.flush()
     else:
         for key in sorted(metrics):
             if key.endswith("acc1") or key.endswith("acc5"):

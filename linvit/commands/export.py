@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def load_snippet(folder: Path) -> str:
+    """The Python line that loads the exported weights (``pretrained=True``: without it timm builds random weights)."""
+    source = f"local-dir:{folder.resolve()}"
+    return f"import timm, linvit; model = timm.create_model({source!r}, pretrained=True)"
+
+
 def run(args: argparse.Namespace) -> int:
     from linvit.train.export import CONFIG_NAME, export_checkpoint, find_checkpoint
 
@@ -44,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
     kind = "EMA" if args.ema else "raw"
     sys.stdout.write(
         f"exported {checkpoint} ({kind} weights)\n  {weights}\n  {weights.parent / CONFIG_NAME}\n"
-        f"load: timm.create_model('local-dir:{weights.parent}')\n"
+        f"load: {load_snippet(weights.parent)}\n"
     )
     return 0

@@ -6,7 +6,8 @@ Layout (same stems; masks are single-channel PNGs of class indices, 255 = ignore
     root/val/images/...                       root/val/masks/...
     root/test/images/...                      root/test/masks/...     (optional; default: val)
 
-A root with ``images/`` and ``masks/`` directly (no splits) is split by ``val_fraction``.
+A root with ``images/`` and ``masks/`` directly (no splits) is split by ``val_fraction``. Class names for the logs:
+``data.class_names``, or ``root/classes.txt`` (one per line).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from linvit.train.data_options import capped_workers
+
 __all__ = ["IGNORE_INDEX", "IMAGE_EXTENSIONS", "SegmentationFolder", "PairedTransform", "SegmentationDataModule"]
 
 IGNORE_INDEX = 255
+CLASSES_FILE = "classes.txt"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -158,6 +162,9 @@ class SegmentationDataModule(LightningDataModule):
         val_fraction: share held out for validation when ``data_dir`` has no ``train``/``val`` split.
         synthetic: when set and ``data_dir`` has no data, generate the synthetic shapes task there first with these
             options (``num_train``, ``num_val``, ``size``, ``seed``); see :mod:`linvit.dense.synthetic`.
+        class_names: a name per class, for the per-class IoU the module logs (``test/IoU_<name>``); default: the
+            synthetic task's names when ``synthetic`` is set, else ``data_dir/classes.txt`` (one name per line) if
+            present, else the class indices.
         mean, std: normalisation.
     """
 
@@ -177,11 +184,18 @@ class SegmentationDataModule(LightningDataModule):
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         seed: int = 0,
+        class_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.num_classes = num_classes
+        self._given_class_names = list(class_names) if class_names else None
+        if self._given_class_names is not None and len(self._given_class_names) != num_classes:
+            raise ValueError(
+                f"data.class_names has {len(self._given_class_names)} names but data.num_classes={num_classes}: "
+                "give one name per class."
+            )
         if in_chans != 3:
             raise ValueError(f"SegmentationDataModule reads RGB images: in_chans must be 3, got {in_chans}.")
         if isinstance(img_size, int):
@@ -189,11 +203,31 @@ class SegmentationDataModule(LightningDataModule):
         self.crop_size = tuple(img_size) if img_size is not None else None
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
+        self.num_workers = capped_workers(num_workers)
         self.synthetic = dict(synthetic) if synthetic else None
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """The name of each class (see ``class_names`` above): the module labels its per-class IoU with these."""
+        if self._given_class_names is not None:
+            return list(self._given_class_names)
+        if self.synthetic is not None:
+            from linvit.dense.synthetic import SYNTHETIC_CLASS_NAMES
+
+            return list(SYNTHETIC_CLASS_NAMES[: self.num_classes])
+        listed = self.data_dir / CLASSES_FILE
+        if listed.is_file():
+            names = [line.strip() for line in listed.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if len(names) != self.num_classes:
+                raise ValueError(
+                    f"{listed} names {len(names)} classes but data.num_classes={self.num_classes}: one name per line, "
+                    "one line per class."
+                )
+            return names
+        return [str(index) for index in range(self.num_classes)]
 
     def prepare_data(self) -> None:
         if self.synthetic is not None and not (self.data_dir / "train" / "images").is_dir():

@@ -60,7 +60,8 @@ class SegmentationModule(LightningModule):
         optimizer: AdamW ``lr``, ``weight_decay``, ``betas``, ``backbone_lr_mult`` (backbone lr = lr × mult).
         scheduler: ``warmup_fraction`` of all steps, ``min_lr_ratio``; warm-up + cosine per step.
         ignore_index: mask value excluded from loss and metric.
-        class_names: optional names for the per-class IoU logged at validation end.
+        class_names: names for the per-class IoU logged at validation and test end; default: the DataModule's
+            ``class_names`` (what the run trains on), else the class indices.
     """
 
     def __init__(
@@ -84,7 +85,8 @@ class SegmentationModule(LightningModule):
         self.scheduler_cfg = _merged(SCHEDULER_DEFAULTS, scheduler, "scheduler")
         self.num_classes = int(num_classes)
         self.ignore_index = int(ignore_index)
-        self.class_names = list(class_names) if class_names else [str(i) for i in range(self.num_classes)]
+        self._given_class_names = list(class_names) if class_names else None
+        self.class_names = self._given_class_names or [str(i) for i in range(self.num_classes)]
         self.model = create_segmentation_model(
             backbone,
             self.num_classes,
@@ -101,6 +103,13 @@ class SegmentationModule(LightningModule):
                 self.metrics[f"{split}_{name}"] = MulticlassJaccardIndex(
                     self.num_classes, ignore_index=self.ignore_index, average=average
                 )
+
+    def setup(self, stage: str) -> None:
+        # the labels of the data this run trains on (not those of another task's config)
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        names = getattr(datamodule, "class_names", None)
+        if self._given_class_names is None and names and len(names) == self.num_classes:
+            self.class_names = [str(name) for name in names]
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)

@@ -38,8 +38,17 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+AUTO = "auto"
+MAX_AUTO_WORKERS = 8
+
+
 def capped_workers(value: object, name: str = "data.num_workers") -> int:
-    """``value`` data-loader workers, at most one per available core (more only compete, and each holds memory)."""
+    """``value`` data-loader workers, at most one per available core (more only compete, and each holds memory).
+
+    ``"auto"``: one per available core, up to 8.
+    """
+    if value == AUTO:
+        return min(MAX_AUTO_WORKERS, available_cores())
     requested = whole_number(value, name, minimum=0)
     cores = available_cores()
     if requested > cores:

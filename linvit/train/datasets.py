@@ -6,6 +6,9 @@
 - :class:`EpochSeededSampler`: a shuffling sampler whose order depends only on (seed, epoch), and that can skip
   the samples a resumed run already trained on, so that a resumed run sees the same batches as an uninterrupted one;
   it hands out (index, seed) keys.
+- :class:`DataUnavailableError`: a data set that is not where the config says (or cannot be downloaded); the
+  training entry prints its message as one line.
+- :func:`held_out_per_class`: a seeded, stratified hold-out that also works for classes of one or two images.
 - :class:`SeededSamples`: serves those keys, each sample with its random state seeded from its key, so that the
   augmentation of a sample does not depend on what the process (or a data worker) drew before it.
 """
@@ -41,6 +44,10 @@ _FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+
+
+class DataUnavailableError(FileNotFoundError):
+    """The data is not there (or cannot be fetched); the message says where it was looked for and how to get it."""
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +86,7 @@ def load_fashion_mnist_arrays(root: str | os.PathLike = FASHION_MNIST_DIR, split
     image_stem, label_stem = _FASHION_FILES[split]
     image_file, label_file = _find_idx_file(root, image_stem), _find_idx_file(root, label_stem)
     if image_file is None or label_file is None:
-        raise FileNotFoundError(
+        raise DataUnavailableError(
             f"Fashion-MNIST not found in {root}: install it with "
             "`apt-get install -y --no-install-recommends dataset-fashion-mnist` or set data.root to its folder."
         )
@@ -227,7 +234,9 @@ class SeededSamples(Dataset):
         return self.dataset[key]
 
     def __getattr__(self, name: str):
-        if name == "dataset":  # not set yet (unpickling): no recursion
+        # "dataset" is not set yet while unpickling (no recursion); dunder names such as a Subset's __getitems__ would
+        # serve the keys unseeded (the DataLoader asks for them with hasattr)
+        if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -241,3 +250,23 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
     indices = np.arange(len(labels))
     rest, held_out = train_test_split(indices, test_size=fraction, stratify=labels, random_state=seed)
     return np.sort(rest), np.sort(held_out)
+
+
+def held_out_per_class(labels: Sequence[int], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (rest, held_out): ``round(fraction * n)`` of each class's ``n`` samples, drawn with ``seed``.
+
+    A class with a single sample keeps it in ``rest``; otherwise at least one and at most ``n - 1`` are held out,
+    so every class is in both parts. The same labels, fraction and seed give the same indices.
+    """
+    labels = np.asarray(labels)
+    generator = np.random.default_rng(seed)
+    held_out = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        if len(members) < 2:
+            continue
+        count = min(len(members) - 1, max(1, round(fraction * len(members))))
+        held_out.append(generator.permutation(members)[:count])
+    held = np.sort(np.concatenate(held_out)) if held_out else np.zeros(0, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(len(labels)), held)
+    return rest, held

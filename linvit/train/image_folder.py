@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import has_file_allowed_extension
 
+from linvit.train.augment import AugmentationError
 from linvit.train.folder_scan import scan_split
 
 _log = logging.getLogger(__name__)
@@ -144,7 +145,11 @@ class TolerantImageFolder(ImageFolder):
                 index = (index + 1) % len(self.samples)  # the next file stands in; the label set is unchanged
                 continue
             if self.transform is not None:
-                sample = self.transform(sample)
+                try:
+                    sample = self.transform(sample)
+                except Exception as error:  # noqa: BLE001 - name the file; guard_transform names the step
+                    detail = error if isinstance(error, AugmentationError) else f"{type(error).__name__}: {error}"
+                    raise AugmentationError(f"data transform failed on {path}: {detail}") from error
             if self.target_transform is not None:
                 target = self.target_transform(target)
             return sample, target

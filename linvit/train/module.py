@@ -16,6 +16,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
+from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
 
 from linvit.train._hparams import make_hparams_plain
@@ -134,9 +135,9 @@ class ImageClassifier(LightningModule):
             )
         self.model_ema = None
         if self.ema_cfg["enabled"]:
-            from timm.utils import ModelEmaV3
-
-            self.model_ema = ModelEmaV3(self.model, decay=self.ema_cfg["decay"], use_warmup=self.ema_cfg["warmup"])
+            self.model_ema = SpawnableModelEma(
+                self.model, decay=self.ema_cfg["decay"], use_warmup=self.ema_cfg["warmup"]
+            )
             self.model_ema.requires_grad_(False)
             # The copy never runs forward in training; following the module's train/eval mode (Lightning sets
             # eval for validation) avoids Lightning's warning about submodules left in eval mode.
@@ -252,6 +253,41 @@ class ImageClassifier(LightningModule):
             )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class SpawnableModelEma(ModelEmaV3):
+    """timm's ``ModelEmaV3`` that survives ``ddp_spawn`` (``trainer=ddp_sim``).
+
+    Its stochastic-rounding ``torch.Generator`` does not: torch sends the generator's state through shared memory, and
+    the spawned process fails to map it (``RuntimeError: unable to resize file <filename not specified>``). Pickled
+    here as its device and state bytes, and rebuilt on loading.
+    """
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key, value in state.items():
+            if isinstance(value, torch.Generator):
+                state[key] = _GeneratorState(str(value.device), value.get_state().numpy().tobytes())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for key, value in state.items():
+            if isinstance(value, _GeneratorState):
+                state[key] = value.rebuild()
+        super().__setstate__(state)
+
+
+class _GeneratorState:
+    """A ``torch.Generator`` as plain bytes (pickles without shared memory)."""
+
+    def __init__(self, device: str, state: bytes):
+        self.device, self.state = device, state
+
+    def rebuild(self) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.set_state(torch.frombuffer(bytearray(self.state), dtype=torch.uint8))
+        return generator
 
 
 class _WarmupCosine:

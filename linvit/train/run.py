@@ -95,6 +95,39 @@ def _check_model_matches_data(model: Any, datamodule: Any) -> None:
             )
 
 
+def _choose_img_size(cfg: DictConfig, datamodule: Any) -> None:
+    """``data.img_size=auto``: the DataModule picks it from the images, rounded to the model's stride, before the
+    model is built (the model config reads ``${data.img_size}``); the saved config.yaml holds the number."""
+    if not getattr(datamodule, "img_size_is_auto", False):
+        return
+    from linvit.train.auto_size import DEFAULT_MULTIPLE, model_stride
+
+    model_cfg = cfg.get("model") or {}
+    name, kwargs = model_cfg.get("model_name"), model_cfg.get("model_kwargs")
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else kwargs
+    stride = model_stride(str(name), kwargs) if name else DEFAULT_MULTIPLE
+    cfg.data.img_size = datamodule.choose_img_size(stride)
+
+
+def _sync_batchnorm_only_on_gpus(trainer_cfg: DictConfig) -> None:
+    """``trainer=ddp`` syncs BatchNorm statistics across GPUs; on the CPU (gloo) Lightning refuses it: turn it off.
+
+    So that ``trainer=ddp trainer.accelerator=cpu`` runs as documented; the saved config.yaml says what ran.
+    """
+    if not trainer_cfg.get("sync_batchnorm", False):
+        return
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda"):
+        return
+    if accelerator == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    _log.info("trainer.sync_batchnorm=true needs GPUs: off for accelerator=%s (per-process statistics)", accelerator)
+    trainer_cfg.sync_batchnorm = False
+
+
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``.
 
@@ -137,7 +170,9 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     :class:`linvit.train.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.run_dir`).
     """
     from linvit.train.run_dir import is_first_process, run_directory_lock
+    from linvit.train.run_identity import register_resolvers
 
+    register_resolvers()  # task_name in the saved config.yaml
     output_dir = Path(str(cfg.paths.output_dir))
     with run_directory_lock(output_dir) if is_first_process() else contextlib.nullcontext():
         return _fit_test_export(cfg, callbacks)
@@ -156,10 +191,12 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
 
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
     datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data)
+    _choose_img_size(cfg, datamodule)
     model: pl.LightningModule = _instantiate_plain(cfg.model)
     _check_model_matches_data(model, datamodule)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
+    _sync_batchnorm_only_on_gpus(cfg.trainer)
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     if trainer.is_global_zero:

@@ -82,6 +82,17 @@ def test_export_command_ema_weights(run_dir, tmp_path, capsys):
     assert not torch.allclose(model(x), _trained_model(run_dir)(x))  # really the EMA weights
 
 
+def test_the_printed_loading_line_loads_the_trained_weights(run_dir, tmp_path, capsys, monkeypatch):
+    """`linvit export` prints a line to paste: it used to build the architecture with random weights."""
+    assert linvit_main(["export", str(run_dir), "--out", str(tmp_path / "raw")]) == 0
+    line = next(text for text in capsys.readouterr().out.splitlines() if text.startswith("load: "))
+    monkeypatch.chdir(tmp_path)  # the line works from any directory
+    namespace: dict = {}
+    exec(line.removeprefix("load: "), namespace)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(namespace["model"].eval()(x), _trained_model(run_dir)(x))
+
+
 def test_export_command_errors(tmp_path, capsys):
     assert linvit_main(["export", str(tmp_path)]) == 2
     assert "no last.ckpt" in capsys.readouterr().err
@@ -89,8 +100,9 @@ def test_export_command_errors(tmp_path, capsys):
 
 def test_eval_command_reproduces_the_test_metrics(run_dir, capsys):
     assert linvit_main(["eval", str(run_dir), "--json", "--accelerator", "cpu"]) == 0
-    out = capsys.readouterr().out
-    metrics = json.loads(out[out.index("{") :])
+    captured = capsys.readouterr()
+    metrics = json.loads(captured.out)  # stdout is the JSON and nothing else
+    assert "Testing" in captured.err  # the progress bar went to stderr
     trained = json.loads((run_dir / "test_metrics.json").read_text())
     assert metrics["test/acc1"] == pytest.approx(trained["test/acc1"])
     assert metrics["test_ema/acc1"] == pytest.approx(trained["test_ema/acc1"])

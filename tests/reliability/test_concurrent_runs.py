@@ -88,7 +88,7 @@ def test_two_train_py_started_together_get_their_own_run_directories(tmp_path):
     for run in runs:
         _, stderr = run.communicate(timeout=600)
         assert run.returncode == 0, stderr[-3000:]
-    run_dirs = sorted((tmp_path / "digits_linvit_nano").iterdir())
+    run_dirs = sorted((tmp_path / "digits_test_resnet").iterdir())  # <data>_<model>
     assert len(run_dirs) == 2, f"the two runs shared a directory: {run_dirs}"
     seeds = set()
     for run_dir in run_dirs:
@@ -104,7 +104,7 @@ def test_two_train_py_started_together_get_their_own_run_directories(tmp_path):
 
 
 def test_a_second_train_py_with_the_same_run_name_is_refused(tmp_path):
-    run_dir = tmp_path / "digits_linvit_nano" / "busy"
+    run_dir = tmp_path / "digits_test_resnet" / "busy"  # <data>_<model>
     holder = _hold_lock(run_dir)
     try:
         second = _train_py(tmp_path, *TINY_RUN, "run_name=busy")

@@ -34,7 +34,7 @@ def image_root(tmp_path) -> Path:
 
 def _datamodule(root: Path, **kwargs) -> ImageFolderDataModule:
     options = {"num_classes": len(CLASSES), "img_size": 16, "batch_size": 2, "num_workers": 0, "auto_augment": None}
-    options.update(re_prob=0.0, **kwargs)
+    options.update(re_prob=0.0, test_fraction=0, **kwargs)  # every train image in train (no test split held out)
     return ImageFolderDataModule(root=str(root), **options)
 
 
@@ -311,6 +311,7 @@ def test_a_one_epoch_run_reports_skipped_files_and_its_summary_counts_them(image
         "data=imagefolder",
         f"data.root={image_root}",
         "data.num_classes=2",
+        "data.test_fraction=0",
         "data.img_size=16",
         "data.batch_size=2",
         "data.num_workers=0",

@@ -107,8 +107,9 @@ def test_image_folder_decodes_any_format_and_mode(tmp_path):
     _write_image_folder(tmp_path)
     dm = ImageFolderDataModule(root=tmp_path, num_classes=2, img_size=16, batch_size=2)
     dm.setup("fit")
-    assert dm.class_names == ["cat", "dog"] and len(dm.train_set) == 6
-    for i in range(len(dm.train_set)):
+    assert dm.class_names == ["cat", "dog"] and len(dm.val_set) == 6
+    assert len(dm.train_set) == 4 and len(dm.test_set) == 2  # no test folder: one image per class held out
+    for i in range(len(dm.val_set)):
         image, _ = dm.val_set[i]
         assert image.shape == (3, 16, 16)
     grey = ImageFolderDataModule(root=tmp_path, num_classes=2, img_size=16, in_chans=1, mean=[0.5], std=[0.5])
@@ -163,7 +164,7 @@ def test_fast_dev_run_cifar10(tmp_path, tiny_overrides, monkeypatch):
     # the fake files have other checksums than the real archive
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args, **kwargs: True)
     overrides = ["data=cifar10", f"data.root={tmp_path / 'data'}", "data.batch_size=4", "data.pin_memory=false"]
-    overrides += ["data.persistent_workers=false", "data.download=false"]
+    overrides += ["data.persistent_workers=false", "data.download=false", "data.val_size=10"]
     _fast_dev_run(overrides, tmp_path, tiny_overrides)
 
 

@@ -28,6 +28,15 @@ def compose(overrides: list[str], output_dir: Path | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from linvit.train.run_identity import register_resolvers
+
+    register_resolvers()  # ${linvit.task_name:...}, as the training entries do
     extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else ["paths.output_dir=/nonexistent"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[*overrides, *extra])
+
+
+def report_ema_parameters(rank: int, module, queue) -> None:
+    """Run in a spawned process: what arrived of the module's EMA copy (importable by the child, unlike a test)."""
+    ema = module.model_ema
+    queue.put((rank, sum(p.numel() for p in ema.parameters()), ema._sr_generator.initial_seed()))

@@ -1,0 +1,83 @@
+"""The Hydra application behind ``python train.py`` (a checkout) and ``linvit train`` (any install): one of each.
+
+Both compose ``train.yaml`` from the training configs (:func:`config_dir`: ``linvit/configs`` inside the package,
+which in a checkout is the link to the top-level ``configs/``), take the same command-line overrides, Hydra's own
+flags included (``--config-dir DIR`` puts your own configs first in the search path, ``--cfg job`` prints the config,
+``-m`` sweeps), and run :func:`linvit.train.run.train`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONFIG_NAME", "config_dir", "main", "run_task"]
+
+CONFIG_NAME = "train"
+_log = logging.getLogger("linvit.train")
+
+
+def config_dir() -> Path:
+    """The training configs that ship with the package (``linvit/configs``)."""
+    directory = (Path(__file__).resolve().parents[1] / "configs").resolve()
+    if not (directory / f"{CONFIG_NAME}.yaml").is_file():
+        raise FileNotFoundError(
+            f"linvit's training configs are missing: no {CONFIG_NAME}.yaml in {directory}. Reinstall linvit (the wheel "
+            "ships them), or in a checkout restore the link linvit/configs -> ../configs."
+        )
+    return directory
+
+
+def run_task(cfg: Any) -> float | None:
+    """Hydra's task: train, test, export; the summary from the first process; the metric a sweeper optimises.
+
+    A data set that is not there ends the run with its one-line message (exit status 1) instead of a traceback;
+    ``HYDRA_FULL_ERROR=1`` shows the traceback.
+    """
+    from linvit.train.datasets import DataUnavailableError
+    from linvit.train.run import summarize, train
+    from linvit.train.run_dir import is_first_process
+
+    try:
+        metrics = train(cfg)
+    except DataUnavailableError as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        _log.error("%s", error)
+        sys.stderr.write(f"Error: {error}\n")
+        sys.exit(1)
+    if is_first_process():
+        _log.info(summarize(cfg, metrics))
+    return metrics.get(str(cfg.get("optimized_metric", "test/acc1")))
+
+
+def main(argv: list[str] | None = None, configs: str | os.PathLike | None = None) -> None:
+    """Run the Hydra app on ``argv`` (default: ``sys.argv[1:]``) with the configs in ``configs`` (default: ours).
+
+    ``sys.argv`` is what Hydra parses; it is handed back whole to the task, because Lightning re-launches
+    ``sys.argv`` for the other DDP ranks (``linvit train ...`` must restart as ``linvit train ...``).
+    """
+    import hydra
+
+    from linvit.train.run_identity import register_resolvers
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    register_resolvers()
+    original = list(sys.argv)
+
+    def task(cfg: Any) -> float | None:
+        sys.argv[:] = original
+        return run_task(cfg)
+
+    directory = Path(configs).resolve() if configs is not None else config_dir()
+    app = hydra.main(version_base="1.3", config_path=str(directory), config_name=CONFIG_NAME)(task)
+    if argv is not None:
+        sys.argv[:] = [original[0] if original else "linvit", *argv]
+    try:
+        app()
+    finally:
+        sys.argv[:] = original
