@@ -32,6 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.description = f"{HELP} ({error})"
 
 
+# Installed without the checkout (a wheel): take any arguments (linvit.cli passes them unparsed) and say where the
+# suite is, instead of argparse's "unrecognized arguments: --quick".
+RAW_ARGUMENTS = not (_CHECKOUT / "benchmarks" / "run.py").is_file()
+
+
+def run_arguments(arguments: list[str]) -> int:
+    try:
+        _benchmarks_run()
+    except SystemExit as error:
+        sys.stderr.write(f"{error}\n")
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     module = _benchmarks_run()
     command = list(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "bench" else []

@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# the configs the package ships (linvit/configs; in a checkout the link to the top-level configs/)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MODEL_PATTERNS = ("linvit_*", "flatten_*")
 
 

@@ -15,8 +15,9 @@ from safetensors.torch import save_file
 
 import linvit  # noqa: F401
 from linvit.models._checkpoint import CheckpointError, UntrustedCheckpointError, load_pretrained_file
+from linvit.train.hydra_app import config_dir
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = config_dir()  # the configs linvit ships (linvit/configs)
 
 
 class _Payload:

@@ -7,7 +7,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from hydra.utils import instantiate
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from linvit.train.hydra_app import config_dir
+
+CONFIGS = config_dir()  # the configs linvit ships (linvit/configs)
 
 
 def _compose(tmp_path: Path, *overrides: str):

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from linvit.train.datamodules import ImageFolderDataModule
+from linvit.train.hydra_app import config_dir
 
 CLASSES = ("cat", "dog")
 
@@ -325,8 +326,7 @@ def test_a_one_epoch_run_reports_skipped_files_and_its_summary_counts_them(image
         "export.enabled=false",
         f"paths.output_dir={output_dir}",
     ]
-    config_dir = Path(__file__).resolve().parents[2] / "configs"
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     with caplog.at_level(logging.WARNING):
         metrics = train(cfg)
@@ -344,8 +344,7 @@ def test_a_batch_size_that_is_not_a_positive_integer_is_refused(key, value, tmp_
 
     from linvit.train.run import _instantiate_plain
 
-    config_dir = Path(__file__).resolve().parents[2] / "configs"
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"data.{key}={value}", f"paths.output_dir={tmp_path}"])
     given = {"true": "True"}.get(value, value)  # Hydra reads `true` as a bool, which int() would take for 1
     with pytest.raises(ValueError, match=rf"data\.{key} must be a positive integer, got {given}"):

@@ -290,13 +290,12 @@ def test_under_ddp_every_process_skips_the_same_step(tmp_path):
 
 
 def test_the_callbacks_config_builds_the_callbacks(tmp_path):
-    from pathlib import Path
-
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    configs = Path(__file__).resolve().parents[2] / "configs"
-    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+    from linvit.train.hydra_app import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("train", overrides=["callbacks=fault_tolerance", f"paths.output_dir={tmp_path}"])
     built = {name: instantiate(entry) for name, entry in cfg.callbacks.items()}
     assert isinstance(built["atomic_checkpointing"], AtomicCheckpointing)

@@ -15,6 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from linvit.cli import main as linvit_main
+from linvit.train.hydra_app import config_dir
 from linvit.train.run import resolve_ckpt_path
 from linvit.utils.saved_config import (
     TRUSTED_TARGETS,
@@ -131,7 +132,7 @@ def test_every_data_and_model_config_of_the_project_is_in_the_allow_list():
     """A new DataModule or LightningModule config must join TRUSTED_TARGETS, or `linvit eval` would refuse its runs."""
     targets = set()
     for group in ("data", "model"):
-        for path in (REPO / "configs" / group).glob("*.yaml"):
+        for path in (config_dir() / group).glob("*.yaml"):
             node = yaml.safe_load(path.read_text()) or {}
             if "_target_" in node:
                 targets.add(node["_target_"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from linvit.train.hydra_app import config_dir
+
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "configs"
+CONFIG_DIR = config_dir()  # the configs linvit ships (linvit/configs: in a checkout, the link to configs/)
 
 # A tiny timm model that works at 16 px: keeps these tests independent of the linvit models in progress.
 TINY_TIMM = ["model=timm", "model.model_name=test_resnet"]
