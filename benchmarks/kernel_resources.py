@@ -26,10 +26,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from linvit.ops.linear_attention import triton as fused  # noqa: E402
-from linvit.ops.linear_attention import triton_kernels as kernels  # noqa: E402
+from linvit.ops.linear_attention import triton_backward, triton_forward  # noqa: E402
+from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU  # noqa: E402
 
 _FLOAT_ARGUMENTS = ("eps", "feature_eps")
-_MAPS = {"focused": kernels.FOCUSED, "relu": kernels.RELU, "elu": kernels.ELU}
+_MAPS = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
 
 
 def _signature(fn, constants: dict, pointer_types: dict) -> tuple[dict, dict]:
@@ -73,11 +74,11 @@ def kernel_cases(head_dim: int, heads: int, feature_map: str, dtype: str) -> lis
     flags = {"MAP": _MAPS[feature_map], "POWER": 3.0}
     cases = []
     for name, kernel in (
-        ("state", kernels.state_kernel),
-        ("output", kernels.output_kernel),
-        ("state_grad", kernels.state_grad_kernel),
-        ("query_grad", kernels.query_grad_kernel),
-        ("key_value_grad", kernels.key_value_grad_kernel),
+        ("state", triton_forward.state_kernel),
+        ("output", triton_forward.output_kernel),
+        ("state_grad", triton_backward.state_grad_kernel),
+        ("query_grad", triton_backward.query_grad_kernel),
+        ("key_value_grad", triton_backward.key_value_grad_kernel),
     ):
         block, warps = fused.launch_config(name, sizes["D_PAD"])
         constants = {**dims, **flags, "BLOCK_N": block}

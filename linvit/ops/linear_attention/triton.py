@@ -4,7 +4,7 @@
 ``torch.ops.linvit.linear_attention_qkv_backward`` recomputes the feature maps from q|k|v and returns the gradients
 of qkv, the inverse temperature and the DWC weight and bias. They are Triton ops (``torch.library.triton_op``), so
 ``torch.compile`` sees the kernels and fuses the rest of the block around them, and autograd is registered on the
-forward op. The kernels and their memory traffic are described in `triton_kernels.py`.
+forward op. The kernels and their memory traffic are described in `triton_forward.py`.
 
 Traffic per token (bf16, C channels): forward reads k|v (4C B) and q|v plus the conv halo from cache (4C B), writes
 the output (2C B); backward reads q|k|v and dout (two passes, 14C B) and writes dq|dk|dv (6C B).
@@ -17,7 +17,8 @@ import triton
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_kernels as kernels
+from linvit.ops.linear_attention import triton_backward, triton_forward
+from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
     from torch.library import triton_op, wrap_triton
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover - older torch: opaque custom ops
 
 __all__ = ["linear_attention_qkv"]
 
-_MAP_CODES = {"focused": kernels.FOCUSED, "relu": kernels.RELU, "elu": kernels.ELU}
+_MAP_CODES = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
 
 
 def _launch(kernel):
@@ -169,7 +170,7 @@ def _forward(
     partial_s = torch.empty(batch, num_chunks, num_heads, head_dim, head_dim, device=qkv.device)
     partial_z = torch.empty(batch, num_chunks, num_heads, head_dim, device=qkv.device)
     position_stride = 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
-    _launch(kernels.state_kernel)[(batch, num_chunks, num_heads)](
+    _launch(triton_forward.state_kernel)[(batch, num_chunks, num_heads)](
         qkv, _optional(key_position, qkv), _optional(inverse_temperature, qkv), _optional(mask, qkv),
         partial_s, partial_z,
         tokens, qkv.stride(0), qkv.stride(1), position_stride, tokens, num_prefix_tokens, chunk, feature_eps,
@@ -182,7 +183,7 @@ def _forward(
     out = torch.empty(batch, tokens, channels, device=qkv.device, dtype=qkv.dtype)
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
     block, warps = launch_config("output", sizes["D_PAD"])
-    _launch(kernels.output_kernel)[(batch, triton.cdiv(tokens, block))](
+    _launch(triton_forward.output_kernel)[(batch, triton.cdiv(tokens, block))](
         qkv, _optional(inverse_temperature, qkv), _optional(mask, qkv), state, normaliser,
         _optional(dwc_weight, qkv), _optional(dwc_bias, qkv), out,
         tokens, qkv.stride(0), qkv.stride(1), out.stride(0), out.stride(1), tokens, num_prefix_tokens, grid_h,
@@ -222,7 +223,7 @@ def _backward(
     chunk, num_chunks = _chunking(qkv, tokens, block, batch * num_heads)
     partial_ds = torch.empty(batch, num_chunks, num_heads, head_dim, head_dim, device=qkv.device)
     partial_dz = torch.empty(batch, num_chunks, num_heads, head_dim, device=qkv.device)
-    _launch(kernels.state_grad_kernel)[(batch, num_chunks, num_heads)](
+    _launch(triton_backward.state_grad_kernel)[(batch, num_chunks, num_heads)](
         qkv, _optional(inverse_temperature, qkv), state, normaliser, grad_out, partial_ds, partial_dz,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), num_prefix_tokens, chunk,
         eps, feature_eps, BLOCK_N=block, MAP=feature_map, POWER=focusing_factor, **dims, num_warps=warps,
@@ -237,7 +238,7 @@ def _backward(
     block, warps = launch_config("query_grad", sizes["D_PAD"])
     chunk, num_chunks = _chunking(qkv, tokens, block, batch)
     query_dinv = torch.zeros(batch, num_chunks, channels, device=qkv.device)
-    _launch(kernels.query_grad_kernel)[(batch, num_chunks)](
+    _launch(triton_backward.query_grad_kernel)[(batch, num_chunks)](
         qkv, _optional(inverse_temperature, qkv), state, normaliser, grad_out, grad_qkv, query_dinv,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
         grad_qkv.stride(1), num_prefix_tokens, chunk, eps, feature_eps,
@@ -249,7 +250,7 @@ def _backward(
     partial_dw = torch.zeros(batch, num_chunks, head_dim, kernel_size * kernel_size, device=qkv.device)
     partial_db = torch.zeros(batch, num_chunks, head_dim, device=qkv.device)
     position_stride = 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
-    _launch(kernels.key_value_grad_kernel)[(batch, num_chunks)](
+    _launch(triton_backward.key_value_grad_kernel)[(batch, num_chunks)](
         qkv, _optional(key_position, qkv), _optional(inverse_temperature, qkv), _optional(mask, qkv), state_grad,
         normaliser_grad, _optional(dwc_weight, qkv), grad_out, grad_qkv, key_dinv, partial_dw, partial_db,
         tokens, qkv.stride(0), qkv.stride(1), grad_out.stride(0), grad_out.stride(1), grad_qkv.stride(0),
