@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "check_heads",
     "check_token_grid",
     "clamp_window",
     "to_pair",
@@ -34,6 +35,16 @@ def to_pair(size, name: str) -> tuple[int, int]:
     if len(pair) != 2 or pair[0] < 1 or pair[1] < 1:
         raise ValueError(f"{name} must be a positive int or a pair (h, w) of positive ints, got {size!r}.")
     return pair[0], pair[1]
+
+
+def check_heads(dim: int, num_heads: int) -> int:
+    """The head width dim // num_heads (construction-time check); ValueError when num_heads does not divide dim."""
+    if num_heads < 1 or dim % num_heads != 0:
+        raise ValueError(
+            f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
+            f"(e.g. {dim // 32 or 1} heads of 32 channels)."
+        )
+    return dim // num_heads
 
 
 def check_token_grid(x: Tensor, hw: tuple[int, int]) -> Tensor:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linvit.attention._windows import (
+    check_heads,
     check_token_grid,
     clamp_window,
     pad_grid,
@@ -168,11 +169,7 @@ class FocusedLinearAttention(nn.Module):
                 f"num_prefix_tokens={num_prefix_tokens} is not supported with kernel={kernel!r}; use one of "
                 f"{', '.join(FEATURE_MAPS)} (they run through linvit.ops, which handles prefix tokens)."
             )
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
-                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
-            )
+        check_heads(dim, num_heads)
         if kernel not in KERNEL_NAMES:
             raise ValueError(f"Unknown kernel {kernel!r}; valid kernels are {', '.join(KERNEL_NAMES)}.")
         if pos_encoding not in POS_ENCODINGS:

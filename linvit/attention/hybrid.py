@@ -9,7 +9,7 @@ summed, and one projection follows.
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_token_grid
+from linvit.attention._windows import check_heads, check_token_grid
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.window import WindowAttention
 
@@ -55,11 +55,7 @@ class HybridAttention(nn.Module):
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
-                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
-            )
+        check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)

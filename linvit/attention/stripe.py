@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import pad_grid, padding_valid_map, window_partition, window_reverse
+from linvit.attention._windows import check_heads, pad_grid, padding_valid_map, window_partition, window_reverse
 from linvit.attention.focused import FocusedLinearAttention
 
 __all__ = [
@@ -65,8 +65,7 @@ class LePEAttention(nn.Module):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}.")
-        if dim % num_heads != 0:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; choose heads that divide dim.")
+        check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.split_size = split_size
@@ -165,8 +164,9 @@ class StripeBranches(nn.ModuleList):
     def forward(self, qkv: Tensor, hw: tuple[int, int]) -> Tensor:
         count = self.num_branches
         batch, tokens, _ = qkv.shape
-        share = qkv.shape[-1] // (3 * count)
-        parts = qkv.reshape(batch, tokens, 3, -1)
+        channels = qkv.shape[-1] // 3
+        share = channels // count
+        parts = qkv.reshape(batch, tokens, 3, channels)
         outs: list[Tensor] = []
         for i, branch in enumerate(self):
             if count == 1:  # the whole of q, k and v: no copy

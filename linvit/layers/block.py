@@ -43,6 +43,31 @@ class PreNormBlock(nn.Module):
         self.mlp = mlp
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
+    @classmethod
+    def build(
+        cls,
+        dim: int,
+        num_heads: int,
+        attention: str,
+        attn_kwargs: dict[str, Any] | None = None,
+        mlp_ratio: float = 4.0,
+        mlp_layer: Callable[..., nn.Module] = Mlp,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+        device=None,
+        dtype=None,
+        **mlp_kwargs: Any,
+    ) -> PreNormBlock:
+        """A block with the attention ``attention`` (a name for `linvit.attention.create_attention`, with
+        ``attn_kwargs``) and ``mlp_layer(dim, dim * mlp_ratio, drop=proj_drop, **mlp_kwargs)``, built in that order."""
+        from linvit.attention import create_attention  # attention sits below layers; imported here to build
+
+        dd = {"device": device, "dtype": dtype}
+        attn = create_attention(attention, dim, num_heads, **(attn_kwargs or {}), **dd)
+        mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **mlp_kwargs, **dd)
+        return cls(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
+
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))

@@ -26,56 +26,34 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
-from timm.layers import ClassifierHead, register_notrace_function, to_2tuple, trunc_normal_
+from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from linvit.models._checkpoint import load_pretrained_file
-from linvit.models._flatten_common import (
-    create_flatten_model,
-    drop_path_rates,
+from linvit.attention import resize_positional_table, square_grid
+from linvit.layers import PreNormBlock, TokenStage, conv_grids
+from linvit.layers.position import tokens_to_map
+from linvit.models._family import (
+    create_family_model,
     fuse_q_kv,
     is_converted,
     one_based_stage,
     rename_keys,
-    resize_tables_to_model,
-    set_attention_grid,
+    resize_positional_encodings,
     unwrap_checkpoint,
 )
-from linvit.models.flatten_pvt_v2 import FlattenPvtV2, FlattenPvtV2Block, _cfg
+from linvit.models.flatten_pvt_v2 import FlattenPvtV2, PatchEmbedStage, _cfg
 
 __all__ = ["FlattenPvt", "checkpoint_filter_fn"]
 
-
-def _ceil_div(size: int, stride: int) -> int:
-    return -(-size // stride)
-
-
-def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[int, int]]:
-    """Token grid of every stage for an input of `img_size` (4x4 stem, then 2x2 patches; inputs padded up)."""
-    h, w = _ceil_div(img_size[0], 4), _ceil_div(img_size[1], 4)
-    grids = [(h, w)]
-    for _ in range(num_stages - 1):
-        h, w = _ceil_div(h, 2), _ceil_div(w, 2)
-        grids.append((h, w))
-    return grids
-
-
-@register_notrace_function
-def resize_pos_embed(pos_embed: torch.Tensor, pos_size: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
-    """Bilinear resize of a (1, h*w, C) position embedding from grid `pos_size` to `hw` (identity when equal)."""
-    if pos_size[0] == hw[0] and pos_size[1] == hw[1]:
-        return pos_embed
-    channels = pos_embed.shape[-1]
-    grid = pos_embed.reshape(1, pos_size[0], pos_size[1], channels).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=hw, mode="bilinear", align_corners=False)
-    return grid.flatten(2).transpose(1, 2)
+torch.fx.wrap("resize_positional_table")
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping `patch_size` convolution and LayerNorm; pads the input up to a multiple of the patch."""
+    """Non-overlapping `patch_size` convolution and LayerNorm over channels; pads the input up to a multiple of the
+    patch. (B, C, H, W) -> (B, C', ceil(H / p), ceil(W / p))."""
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int, device=None, dtype=None):
         super().__init__()
@@ -84,96 +62,59 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
         self.norm = nn.LayerNorm(embed_dim, **dd)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         pad_h = (self.patch_size - x.shape[2] % self.patch_size) % self.patch_size
         pad_w = (self.patch_size - x.shape[3] % self.patch_size) % self.patch_size
-        x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
-        hw = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+        x = self.proj(F.pad(x, (0, pad_w, 0, pad_h)))
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-class TokenMlp(nn.Module):
-    """fc1 -> GELU -> fc2 on tokens (PVT v1's feed-forward); takes hw like PVTv2's MLP so both share one block."""
-
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device=None, dtype=None):
-        super().__init__()
-        dd = {"device": device, "dtype": dtype}
-        self.fc1 = nn.Linear(dim, hidden_dim, **dd)
-        self.act = nn.GELU()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_dim, dim, **dd)
-        self.drop2 = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-
-class FlattenPvtStage(nn.Module):
-    """Patch embedding, absolute position embedding, blocks; (B, C_in, H, W) -> (B, C, H', W')."""
+class FlattenPvtStage(PatchEmbedStage):
+    """Patch embedding plus an absolute position embedding (``pos_embed``, resized bilinearly to the map), then
+    blocks; keys ``pos_embed``, ``patch_embed.*``, ``blocks.*``."""
 
     def __init__(
         self,
-        in_chans: int,
+        patch_embed: nn.Module,
+        blocks: Sequence[nn.Module],
         dim: int,
-        depth: int,
-        num_heads: int,
         pos_size: tuple[int, int],
-        patch_size: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        focusing_factor: float = 3.0,
-        dwc_kernel_size: int = 5,
         pos_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: Sequence[float] = (),
         device=None,
         dtype=None,
     ):
-        super().__init__()
-        dd = {"device": device, "dtype": dtype}
-        self.grad_checkpointing = False
-        self.patch_embed = PatchEmbed(in_chans, dim, patch_size, **dd)
+        super().__init__(patch_embed, blocks)
         self.pos_size = tuple(pos_size)
-        self.pos_embed = nn.Parameter(torch.zeros(1, pos_size[0] * pos_size[1], dim, **dd))
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_size[0] * pos_size[1], dim, device=device, dtype=dtype))
         self.pos_drop = nn.Dropout(pos_drop)
-        self.blocks = nn.ModuleList(
-            [
-                FlattenPvtV2Block(
-                    dim,
-                    num_heads,
-                    pos_size,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    focusing_factor=focusing_factor,
-                    dwc_kernel_size=dwc_kernel_size,
-                    proj_drop=proj_drop,
-                    attn_drop=attn_drop,
-                    drop_path=drop_path[i] if len(drop_path) else 0.0,
-                    mlp_layer=TokenMlp,
-                    **dd,
-                )
-                for i in range(depth)
-            ]
-        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, hw = self.patch_embed(x)
-        x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.pos_size, hw))
-        for block in self.blocks:
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(block, x, hw, use_reentrant=False)
-            else:
-                x = block(x, hw)
-        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
+    def downsample_map(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        hw = (x.shape[2], x.shape[3])
+        position = resize_positional_table(self.pos_embed, self.pos_size, hw, "bilinear")
+        return self.pos_drop(x + tokens_to_map(position, hw))
+
+    @torch.jit.ignore
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Resize the position embedding (bilinear) and the blocks' tables (bicubic) to a new token grid."""
+        if self.pos_size != tuple(grid):
+            old = self.pos_embed
+            with torch.no_grad():
+                resized = resize_positional_table(old.detach(), self.pos_size, grid, "bilinear")
+            self.pos_embed = nn.Parameter(resized, requires_grad=old.requires_grad)
+            self.pos_size = tuple(grid)
+        super().set_grid(grid)
 
 
 class FlattenPvt(FlattenPvtV2):
     """FLatten-PVT backbone and classifier. Features are NCHW at strides 4, 8, 16, 32.
 
-    Shares the timm plumbing (heads, taps, pruning, grad checkpointing) with `FlattenPvtV2`; the stages differ.
+    Arguments as `FlattenPvtV2`'s, plus ``pos_drop_rate`` (dropout after the position embeddings); the stages are
+    PVT's (non-overlapping patch embeddings with position embeddings, plain MLPs, no stage norm).
     """
+
+    group_stem = r"^stages\.0\.(?:patch_embed|pos_embed)"
+    no_weight_decay_extra = ("pos_embed",)
 
     def __init__(
         self,
@@ -185,6 +126,7 @@ class FlattenPvt(FlattenPvtV2):
         depths: Sequence[int] = (3, 4, 6, 3),
         num_heads: Sequence[int] = (1, 2, 5, 8),
         mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
+        attn_layers: Any = "focused",
         qkv_bias: bool = True,
         focusing_factor: float = 3.0,
         dwc_kernel_size: int = 5,
@@ -196,104 +138,50 @@ class FlattenPvt(FlattenPvtV2):
         device=None,
         dtype=None,
     ):
-        nn.Module.__init__(self)
-        dd = {"device": device, "dtype": dtype}
-        if not (len(embed_dims) == len(depths) == len(num_heads) == len(mlp_ratios)):
-            raise ValueError(
-                f"embed_dims {tuple(embed_dims)}, depths {tuple(depths)}, num_heads {tuple(num_heads)} and "
-                f"mlp_ratios {tuple(mlp_ratios)} must have one entry per stage; give them the same length."
-            )
-        if global_pool not in ("avg", "max", "avgmax", ""):
-            raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
-        self.num_classes = num_classes
-        self.in_chans = in_chans
-        self.model_name = type(self).__name__  # named in input errors (see FlattenPvtV2.forward_features)
-        self.global_pool = global_pool
-        self.output_fmt = "NCHW"
-        self.img_size = to_2tuple(img_size)
-        self.num_stages = len(depths)
-        self.drop_rate = drop_rate
+        self.pos_drop_rate = pos_drop_rate  # read by build_stage during the frame's construction below
+        super().__init__(
+            img_size=img_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            global_pool=global_pool,
+            embed_dims=embed_dims,
+            depths=depths,
+            num_heads=num_heads,
+            mlp_ratios=mlp_ratios,
+            attn_layers=attn_layers,
+            qkv_bias=qkv_bias,
+            focusing_factor=focusing_factor,
+            dwc_kernel_size=dwc_kernel_size,
+            drop_rate=drop_rate,
+            proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            device=device,
+            dtype=dtype,
+        )
 
-        grids = self._stage_grids(self.img_size)
-        rates = drop_path_rates(drop_path_rate, sum(depths))
-        stages = []
-        self.feature_info = []
-        prev_dim, cursor = in_chans, 0
-        for i in range(self.num_stages):
-            stages.append(
-                FlattenPvtStage(
-                    prev_dim,
-                    embed_dims[i],
-                    depths[i],
-                    num_heads[i],
-                    grids[i],
-                    patch_size=4 if i == 0 else 2,
-                    mlp_ratio=mlp_ratios[i],
-                    qkv_bias=qkv_bias,
-                    focusing_factor=focusing_factor,
-                    dwc_kernel_size=dwc_kernel_size,
-                    pos_drop=pos_drop_rate,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=rates[cursor : cursor + depths[i]],
-                    **dd,
-                )
-            )
-            prev_dim, cursor = embed_dims[i], cursor + depths[i]
-            self.feature_info.append({"num_chs": embed_dims[i], "reduction": 4 * 2**i, "module": f"stages.{i}"})
-        self.stages = nn.Sequential(*stages)
-        self.num_features = self.head_hidden_size = embed_dims[-1]
-        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
+    def build_stage(self, index: int, in_dim: int, blocks: list[dict[str, Any]], grid: tuple[int, int]) -> TokenStage:
+        """Stage ``index``: 4x4 (then 2x2) patch embedding, position embedding, blocks with a plain MLP."""
+        dim, dd = blocks[0]["dim"], {"device": blocks[0]["device"], "dtype": blocks[0]["dtype"]}
+        patch_embed = PatchEmbed(in_dim, dim, 4 if index == 0 else 2, **dd)
+        layers = [PreNormBlock.build(**block) for block in blocks]
+        return FlattenPvtStage(patch_embed, layers, dim, grid, self.pos_drop_rate, **dd)
+
+    def init_tables(self) -> None:
         for stage in self.stages:
             trunc_normal_(stage.pos_embed, std=0.02)
-        self.apply(self._init_weights)
 
-    @staticmethod
-    def _stage_grids(img_size: tuple[int, int]) -> list[tuple[int, int]]:
-        return stage_grids(img_size)
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set:
-        return {"*.pos_embed", "*.positional_encoding", "*.scale"}
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return {
-            "stem": r"^stages\.0\.(?:patch_embed|pos_embed)",
-            "blocks": r"^stages\.(\d+)"
-            if coarse
-            else [(r"^stages\.(\d+)\.(?:patch_embed|pos_embed)", (0,)), (r"^stages\.(\d+)\.blocks\.(\d+)", None)],
-        }
-
-    @torch.jit.ignore
-    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
-        """Resize the position embeddings (bilinear) and attention tables (bicubic) for a new input resolution."""
-        self.img_size = to_2tuple(img_size)
-        for stage, grid in zip(self.stages, self._stage_grids(self.img_size)):
-            if stage.pos_size != grid:
-                old = stage.pos_embed
-                with torch.no_grad():
-                    resized = resize_pos_embed(old.data, stage.pos_size, grid)
-                stage.pos_embed = nn.Parameter(resized, requires_grad=old.requires_grad)
-                stage.pos_size = grid
-            for block in stage.blocks:
-                set_attention_grid(block.attn, grid)
-
-    @torch.jit.ignore
-    def load_pretrained(self, checkpoint_path: str) -> None:
-        """timm's `custom_load` entry: read the authors' .pth (or a converted file) safely and convert it."""
-        load_pretrained_file(self, checkpoint_path, filter_fn=checkpoint_filter_fn)
+    def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """4x4 patches, then 2x2 patches, on inputs padded up to a multiple of the patch."""
+        return conv_grids(img_size, self.num_stages, stem=(1, 4, 0), downsample=(1, 2, 0))
 
 
 def _resize_pos_embeds_to_model(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     for i, stage in enumerate(model.stages):
         key = f"stages.{i}.pos_embed"
         if key in state_dict and state_dict[key].shape != stage.pos_embed.shape:
-            tokens = state_dict[key].shape[1]
-            side = int(round(tokens**0.5))
-            if side * side != tokens:
-                raise ValueError(f"cannot resize {key}: its {tokens} tokens are not a square grid.")
-            state_dict[key] = resize_pos_embed(state_dict[key], (side, side), stage.pos_size)
+            source = square_grid(state_dict[key].shape[1], key)
+            state_dict[key] = resize_positional_table(state_dict[key], source, stage.pos_size, "bilinear")
     return state_dict
 
 
@@ -316,15 +204,15 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
             (r"^head\.", "head.fc."),
         ]
         out = rename_keys(used, rules)
-    return resize_tables_to_model(_resize_pos_embeds_to_model(out, model), model)
+    return resize_positional_encodings(_resize_pos_embeds_to_model(out, model), model)
 
 
 def _create_flatten_pvt(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvt:
-    return create_flatten_model(FlattenPvt, variant, pretrained, checkpoint_filter_fn, (0, 1, 2, 3), **kwargs)
+    return create_family_model(FlattenPvt, variant, pretrained, **kwargs)
 
 
 def _pvt_cfg(**kwargs) -> dict[str, Any]:
-    return _cfg(paper_ids=["arXiv:2308.00442", "arXiv:2102.12122"], **kwargs)
+    return _cfg("arXiv:2102.12122", **kwargs)
 
 
 # Of this family the authors released only FLatten-PVT-T (Tsinghua Cloud link in `origin_url`; timm cannot fetch it

@@ -24,41 +24,37 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import ClassifierHead, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from linvit.attention import FocusedLinearAttention
-from linvit.layers import PreNormBlock
-from linvit.models._checkpoint import load_pretrained_file
-from linvit.models._classifier import ClassifierHeadMixin
-from linvit.models._flatten_common import (
-    conv_stage_grids,
-    create_flatten_model,
+from linvit.attention import stage_attention_specs
+from linvit.layers import (
+    ClassifierHeadMixin,
+    PreNormBlock,
+    StagedBackbone,
+    TokenStage,
+    conv_grids,
     drop_path_rates,
+    init_linear_weights,
+    stage_attention_kwargs,
+)
+from linvit.models._family import (
+    PretrainedFileMixin,
+    create_family_model,
+    family_cfg,
     fuse_q_kv,
     is_converted,
     one_based_stage,
     rename_keys,
-    resize_tables_to_model,
-    set_attention_grid,
-    stage_model_cfg,
+    resize_positional_encodings,
     unwrap_checkpoint,
 )
-from linvit.models._validation import check_image_batch
 
-__all__ = ["FlattenPvtV2", "checkpoint_filter_fn"]
-
-
-def stage_grids(img_size: tuple[int, int], num_stages: int = 4) -> list[tuple[int, int]]:
-    """Token grid of every stage for an input of `img_size` (7x7/4 stem, then 3x3/2 overlapping convolutions)."""
-    return conv_stage_grids(img_size, num_stages, stem_padding=3)
+__all__ = ["FlattenPvtV2", "PatchEmbedStage", "checkpoint_filter_fn"]
 
 
 class OverlapPatchEmbed(nn.Module):
-    """Overlapping strided convolution followed by LayerNorm; image/map (B, C, H, W) -> tokens (B, N, C)."""
+    """Overlapping strided convolution followed by LayerNorm over channels: (B, C, H, W) -> (B, C', H', W')."""
 
     def __init__(
         self,
@@ -74,11 +70,8 @@ class OverlapPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2, **dd)
         self.norm = nn.LayerNorm(embed_dim, **dd)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        x = self.proj(x)
-        hw = (x.shape[2], x.shape[3])
-        x = self.norm(x.flatten(2).transpose(1, 2))
-        return x, hw
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class MlpWithDepthwiseConv(nn.Module):
@@ -104,109 +97,33 @@ class MlpWithDepthwiseConv(nn.Module):
 
 
 class FlattenPvtV2Block(PreNormBlock):
-    """Pre-norm block: focused linear attention over all tokens, then an MLP taking (tokens, hw).
-
-    PVTv2 uses the depthwise-conv MLP (the default); PVT v1 passes its plain MLP (`flatten_pvt.TokenMlp`).
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        pos_size: tuple[int, int],
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        focusing_factor: float = 3.0,
-        dwc_kernel_size: int = 5,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        mlp_layer: type[nn.Module] = MlpWithDepthwiseConv,
-        device=None,
-        dtype=None,
-    ):
-        dd = {"device": device, "dtype": dtype}
-        attn = FocusedLinearAttention(
-            dim,
-            num_heads,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            focusing_factor=focusing_factor,
-            dwc_kernel_size=dwc_kernel_size,
-            pos_encoding="learnable",
-            pos_size=pos_size,
-            **dd,
-        )
-        mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
-        norm_layer = partial(nn.LayerNorm, eps=1e-6)
-        super().__init__(dim, attn, mlp, drop_path=drop_path, norm_layer=norm_layer, **dd)
+    """Pre-norm block whose MLP takes the token grid too (its depthwise convolution needs it)."""
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
-        return x + self.drop_path2(self.mlp(self.norm2(x), hw))  # the MLP's depthwise conv needs the grid
+        return x + self.drop_path2(self.mlp(self.norm2(x), hw))
 
 
-class FlattenPvtV2Stage(nn.Module):
-    """Overlapping patch embedding, blocks, LayerNorm; (B, C_in, H, W) -> (B, C, H', W')."""
+class PatchEmbedStage(TokenStage):
+    """PVT's stage: its downsampling is the authors' ``patch_embed`` (keys ``patch_embed.*``, ``blocks.*``,
+    ``norm.*``)."""
 
-    def __init__(
-        self,
-        in_chans: int,
-        dim: int,
-        depth: int,
-        num_heads: int,
-        pos_size: tuple[int, int],
-        first: bool,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        focusing_factor: float = 3.0,
-        dwc_kernel_size: int = 5,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: Sequence[float] = (),
-        device=None,
-        dtype=None,
-    ):
-        super().__init__()
-        dd = {"device": device, "dtype": dtype}
-        self.grad_checkpointing = False
-        self.patch_embed = OverlapPatchEmbed(
-            in_chans, dim, patch_size=7 if first else 3, stride=4 if first else 2, **dd
-        )
-        self.blocks = nn.ModuleList(
-            [
-                FlattenPvtV2Block(
-                    dim,
-                    num_heads,
-                    pos_size,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    focusing_factor=focusing_factor,
-                    dwc_kernel_size=dwc_kernel_size,
-                    proj_drop=proj_drop,
-                    attn_drop=attn_drop,
-                    drop_path=drop_path[i] if len(drop_path) else 0.0,
-                    **dd,
-                )
-                for i in range(depth)
-            ]
-        )
-        self.norm = nn.LayerNorm(dim, eps=1e-6, **dd)
+    def __init__(self, patch_embed: nn.Module, blocks: Sequence[nn.Module], norm: nn.Module | None = None):
+        super().__init__(blocks, patch_embed, norm, downsample_name="patch_embed")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, hw = self.patch_embed(x)
-        for block in self.blocks:
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(block, x, hw, use_reentrant=False)
-            else:
-                x = block(x, hw)
-        x = self.norm(x)
-        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
+    def downsample_map(self, x: torch.Tensor) -> torch.Tensor:
+        return self.patch_embed(x)
 
 
-class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
-    """FLatten-PVTv2 backbone and classifier. Features are NCHW at strides 4, 8, 16, 32."""
+class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
+    """FLatten-PVTv2 backbone and classifier. Features are NCHW at strides 4, 8, 16, 32.
+
+    ``attn_layers``: the attention of each stage (``linvit.attention.ATTENTION_NAMES``; one for all or one per
+    stage), global focused linear attention by default; the other arguments as in timm's PVTv2. `FlattenPvt` (v1)
+    differs only in its stages (`build_stage`, `stage_grids`) and their position embeddings (`init_tables`).
+    """
+
+    group_stem = r"^stages\.0\.patch_embed"
 
     def __init__(
         self,
@@ -218,6 +135,7 @@ class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
         depths: Sequence[int] = (3, 4, 6, 3),
         num_heads: Sequence[int] = (1, 2, 5, 8),
         mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
+        attn_layers: Any = "focused",
         qkv_bias: bool = True,
         focusing_factor: float = 3.0,
         dwc_kernel_size: int = 5,
@@ -228,138 +146,76 @@ class FlattenPvtV2(ClassifierHeadMixin, nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
+        super().__init__(in_chans, num_classes, global_pool, img_size)
         dd = {"device": device, "dtype": dtype}
-        if not (len(embed_dims) == len(depths) == len(num_heads) == len(mlp_ratios)):
+        if len({len(embed_dims), len(depths), len(num_heads), len(mlp_ratios)}) != 1:
             raise ValueError(
-                f"embed_dims {tuple(embed_dims)}, depths {tuple(depths)}, num_heads {tuple(num_heads)} and "
-                f"mlp_ratios {tuple(mlp_ratios)} must have one entry per stage; give them the same length."
+                f"{self.model_name} embed_dims {tuple(embed_dims)}, depths {tuple(depths)}, num_heads "
+                f"{tuple(num_heads)} and mlp_ratios {tuple(mlp_ratios)} need one entry per stage; give them the same "
+                "length."
             )
-        if global_pool not in ("avg", "max", "avgmax", ""):
-            raise ValueError(f"global_pool must be one of 'avg', 'max', 'avgmax' or '', got {global_pool!r}.")
-        self.num_classes = num_classes
-        self.in_chans = in_chans
-        self.model_name = type(self).__name__  # named in input errors (FlattenPvt for the v1 subclass)
-        self.global_pool = global_pool
-        self.output_fmt = "NCHW"
-        self.img_size = to_2tuple(img_size)
         self.num_stages = len(depths)
+        specs = stage_attention_specs(attn_layers, self.num_stages, self.model_name)
+        self.attn_layers = tuple(name for name, _ in specs)
+        self.num_features = self.head_hidden_size = embed_dims[-1]
         self.drop_rate = drop_rate
 
-        grids = self._stage_grids(self.img_size)
-        rates = drop_path_rates(drop_path_rate, sum(depths))
+        options = {
+            "qkv_bias": qkv_bias,
+            "attn_drop": attn_drop_rate,
+            "proj_drop": proj_drop_rate,
+            "focusing_factor": focusing_factor,
+            "dwc_kernel_size": dwc_kernel_size,
+        }
+        grids = self.stage_grids(self.img_size)
         stages = []
-        self.feature_info = []
-        prev_dim, cursor = in_chans, 0
-        for i in range(self.num_stages):
-            stages.append(
-                FlattenPvtV2Stage(
-                    prev_dim,
-                    embed_dims[i],
-                    depths[i],
-                    num_heads[i],
-                    grids[i],
-                    first=i == 0,
-                    mlp_ratio=mlp_ratios[i],
-                    qkv_bias=qkv_bias,
-                    focusing_factor=focusing_factor,
-                    dwc_kernel_size=dwc_kernel_size,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=rates[cursor : cursor + depths[i]],
-                    **dd,
-                )
-            )
-            prev_dim, cursor = embed_dims[i], cursor + depths[i]
-            self.feature_info.append({"num_chs": embed_dims[i], "reduction": 4 * 2**i, "module": f"stages.{i}"})
-        self.stages = nn.Sequential(*stages)
-        self.num_features = self.head_hidden_size = embed_dims[-1]
-        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
+        for i, rates in enumerate(drop_path_rates(drop_path_rate, depths)):
+            name, explicit = specs[i]
+            block = {
+                "dim": embed_dims[i],
+                "num_heads": num_heads[i],
+                "attention": name,
+                "attn_kwargs": stage_attention_kwargs(name, explicit, options, pos_size=grids[i]),
+                "mlp_ratio": mlp_ratios[i],
+                "proj_drop": proj_drop_rate,
+                "norm_layer": partial(nn.LayerNorm, eps=1e-6),
+                **dd,
+            }
+            in_dim = in_chans if i == 0 else embed_dims[i - 1]
+            stages.append(self.build_stage(i, in_dim, [{**block, "drop_path": rate} for rate in rates], grids[i]))
+            self.add_feature_info(embed_dims[i], 4 * 2**i)
+        # every PVTv2 stage ends in its own norm; PVT's final norm is built by the authors but never applied
+        self.add_stages_norm_head(stages, nn.Identity(), num_classes, global_pool, drop_rate, **dd)
+        self.init_tables()
         self.apply(self._init_weights)
 
-    @staticmethod
-    def _stage_grids(img_size: tuple[int, int]) -> list[tuple[int, int]]:
-        return stage_grids(img_size)
+    def build_stage(self, index: int, in_dim: int, blocks: list[dict[str, Any]], grid: tuple[int, int]) -> TokenStage:
+        """Stage ``index``: overlapping patch embedding, the blocks (keyword arguments of `PreNormBlock.build`) with
+        the depthwise-conv MLP, LayerNorm."""
+        dim, dd = blocks[0]["dim"], {"device": blocks[0]["device"], "dtype": blocks[0]["dtype"]}
+        first = index == 0
+        patch_embed = OverlapPatchEmbed(in_dim, dim, 7 if first else 3, 4 if first else 2, **dd)
+        layers = [FlattenPvtV2Block.build(**block, mlp_layer=MlpWithDepthwiseConv) for block in blocks]
+        return PatchEmbedStage(patch_embed, layers, nn.LayerNorm(dim, eps=1e-6, **dd))
+
+    def init_tables(self) -> None:
+        """Draw the stages' own tables, before the layers (PVT's position embeddings; PVTv2 has none)."""
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Conv2d):
+        init_linear_weights(module)
+        if isinstance(module, nn.Conv2d):
             fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
             nn.init.normal_(module.weight, std=(2.0 / fan_out) ** 0.5)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set:
-        # the learnable positional encodings and the focusing scales are not decayed
-        return {"*.positional_encoding", "*.scale"}
+    def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """7x7/4 stem, then 3x3/2 overlapping convolutions."""
+        return conv_grids(img_size, self.num_stages, stem=(7, 4, 3), downsample=(3, 2, 1))
 
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return {
-            "stem": r"^stages\.0\.patch_embed",
-            "blocks": r"^stages\.(\d+)"
-            if coarse
-            else [
-                (r"^stages\.(\d+)\.patch_embed", (0,)),
-                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                (r"^stages\.(\d+)\.norm", (99999,)),
-            ],
-        }
-
-    @torch.jit.ignore
-    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
-        """Rebuild every positional-encoding table for a new input resolution (bicubic resize)."""
-        self.img_size = to_2tuple(img_size)
-        for stage, grid in zip(self.stages, self._stage_grids(self.img_size)):
-            for block in stage.blocks:
-                set_attention_grid(block.attn, grid)
-
-    @torch.jit.ignore
-    def load_pretrained(self, checkpoint_path: str) -> None:
-        """timm's `custom_load` entry: read the authors' .pth (or a converted file) safely and convert it."""
-        load_pretrained_file(self, checkpoint_path, filter_fn=checkpoint_filter_fn)
-
-    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
-        return check_image_batch(
-            x, self.in_chans, model_name=self.model_name, weight_dtype=self.stages[0].patch_embed.proj.weight.dtype
-        )
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Forward and collect stage outputs (NCHW). Every stage ends in its own LayerNorm; `norm` changes nothing."""
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt must be 'NCHW' (the layout these stages produce), got {output_fmt!r}.")
-        x = self._check_input(x)
-        intermediates = []
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        if torch.jit.is_scripting() or not stop_early:
-            stages = self.stages
-        else:
-            stages = self.stages[: max_index + 1]
-        for i, stage in enumerate(stages):
-            x = stage(x)
-            if i in take_indices:
-                intermediates.append(x)
-        if intermediates_only:
-            return intermediates
-        return x, intermediates
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._check_input(x)  # the convolutions take any size
-        return self.stages(x)
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # the first stage's patch embedding is the stem
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -371,7 +227,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     """
     state_dict = unwrap_checkpoint(state_dict)
     if is_converted(state_dict):
-        return resize_tables_to_model(dict(state_dict), model)
+        return resize_positional_encodings(dict(state_dict), model)
     rules = [
         (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
         (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
@@ -379,15 +235,18 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
         (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
         (r"^head\.", "head.fc."),
     ]
-    return resize_tables_to_model(rename_keys(fuse_q_kv(state_dict), rules), model)
+    return resize_positional_encodings(rename_keys(fuse_q_kv(state_dict), rules), model)
 
 
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
-    return create_flatten_model(FlattenPvtV2, variant, pretrained, checkpoint_filter_fn, (0, 1, 2, 3), **kwargs)
+    return create_family_model(FlattenPvtV2, variant, pretrained, **kwargs)
 
 
-def _cfg(**kwargs) -> dict[str, Any]:
-    return stage_model_cfg("stages.0.patch_embed.proj", "apache-2.0", "arXiv:2106.13797", **kwargs)
+def _cfg(paper_id: str = "arXiv:2106.13797", **kwargs) -> dict[str, Any]:
+    """The cfg of the PVT families: FLatten's paper and the base architecture's (PVTv2; PVT's for FlattenPvt)."""
+    return family_cfg(
+        first_conv="stages.0.patch_embed.proj", license="apache-2.0", paper_ids=["arXiv:2308.00442", paper_id], **kwargs
+    )
 
 
 # Of this family the authors released only FLatten-PVTv2-B0 (Tsinghua Cloud link in `origin_url`; timm cannot fetch it

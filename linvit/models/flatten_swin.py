@@ -21,57 +21,77 @@ outputs are at their own resolution; ``relative_position_index`` / ``attn_mask``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import PatchEmbed, to_2tuple, trunc_normal_
+from timm.layers import PatchEmbed, to_2tuple
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from torch import nn
 
-from linvit.models._checkpoint import extract_model_state_dict, load_pretrained_file
-from linvit.models._flatten_common import create_flatten_model, flatten_cfg
-from linvit.models._validation import check_image_batch
-from linvit.models.flatten_swin_stages import FLattenSwinBlock, FLattenSwinStage, PatchMerging
+from linvit.attention import (
+    attention_kind,
+    resize_relative_position_bias,
+    shifted_block_kwargs,
+    stage_attention_specs,
+)
+from linvit.layers import (
+    LinearHeadMixin,
+    PreNormBlock,
+    StagedBackbone,
+    TokenStage,
+    conv_grids,
+    drop_path_rates,
+    init_linear_weights,
+    stage_attention_kwargs,
+)
+from linvit.models._family import (
+    PretrainedFileMixin,
+    create_family_model,
+    family_cfg,
+    resize_positional_encodings,
+    unwrap_checkpoint,
+)
 
-__all__ = ["FLattenSwinTransformer", "FLattenSwinBlock", "FLattenSwinStage", "PatchMerging", "checkpoint_filter_fn"]
+__all__ = ["FlattenSwin", "PatchMerging", "checkpoint_filter_fn"]
 
-
-def _linear_pos_size(feat_size: tuple[int, int], linear_window: tuple[int, int]) -> tuple[int, int]:
-    """Grid of a linear stage's positional encoding: its feature map at ``img_size``, clamped to the window."""
-    return min(feat_size[0], linear_window[0]), min(feat_size[1], linear_window[1])
-
-
-def _resize_grid_table(table: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int]) -> torch.Tensor:
-    """Bicubically resize a (..., gh*gw, C) table laid out row-major over a grid (positional encodings)."""
-    if tuple(old_grid) == tuple(new_grid):
-        return table
-    lead = table.shape[:-2]
-    channels = table.shape[-1]
-    grid = table.reshape(-1, old_grid[0], old_grid[1], channels).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).reshape(*lead, new_grid[0] * new_grid[1], channels)
-    return grid.to(table.dtype)
-
-
-def _resize_bias_table(table: torch.Tensor, new_length: int) -> torch.Tensor:
-    """Bicubically resize a Swin relative-position-bias table ((2w-1)^2, heads) of a square window."""
-    old_side = math.isqrt(table.shape[0])
-    new_side = math.isqrt(new_length)
-    if old_side * old_side != table.shape[0] or new_side * new_side != new_length:
-        raise ValueError(
-            f"relative_position_bias_table of {table.shape[0]} rows cannot be resized to {new_length}: expected "
-            "square (2w-1)^2 tables on both sides."
-        )
-    grid = table.transpose(0, 1).reshape(1, -1, old_side, old_side).float()
-    grid = F.interpolate(grid, size=(new_side, new_side), mode="bicubic", align_corners=False)
-    return grid.reshape(-1, new_length).transpose(0, 1).to(table.dtype)
+# the authors' per-stage letters: L = focused linear attention (in a linear window), S = shifted-window softmax
+ATTN_ALIASES = {"L": "focused", "S": "window"}
 
 
-class FLattenSwinTransformer(nn.Module):
+class PatchMerging(nn.Module):
+    """2x2 neighbour concatenation, LayerNorm and a linear reduction (Swin's down-sampling); pads odd maps.
+
+    (B, C, H, W) -> (B, C_out, ceil(H/2), ceil(W/2)) in channels-last memory. The concatenation order (top-left,
+    bottom-left, top-right, bottom-right) is Swin's, so the authors' ``reduction`` / ``norm`` weights apply unchanged.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int | None = None,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.out_dim = out_dim or 2 * dim
+        self.norm = norm_layer(4 * dim, **dd)
+        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False, **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        x = F.pad(x, (0, W % 2, 0, H % 2))
+        x = x.reshape(B, C, (H + 1) // 2, 2, (W + 1) // 2, 2)
+        # (B, H/2, W/2, w-offset, h-offset, C): flattening gives Swin's [x00, x10, x01, x11] channel blocks
+        x = x.permute(0, 2, 4, 5, 3, 1).flatten(3)
+        return self.reduction(self.norm(x)).permute(0, 3, 1, 2)
+
+
+class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
     """FLatten-Swin backbone and classifier (timm-native).
 
     Args:
@@ -82,7 +102,10 @@ class FLattenSwinTransformer(nn.Module):
         global_pool: ``"avg"`` or ``""`` (no pooling; ``forward`` then returns NCHW maps).
         embed_dim: channels of stage 1 (doubled at every stage).
         depths, num_heads: blocks and heads per stage.
-        attn_types: ``"linear"`` (focused linear attention) or ``"softmax"`` (shifted windows) per stage.
+        attn_layers: the attention of each stage (see ``linvit.attention.ATTENTION_NAMES``; the authors' letters
+            ``"L"``/``"S"`` or ``"LLSS"`` are accepted). Linear kinds ("focused", ...) attend within the linear
+            window with a positional table of its size; windowed kinds ("window", "hybrid") use ``window_size`` and
+            shift every other block.
         linear_window_size: the linear window (56 at 224, 96 at 384 in the paper), clamped to each feature map.
         window_size: softmax window (7, or 12 at 384).
         mlp_ratio, qkv_bias: block widths and qkv bias.
@@ -92,6 +115,9 @@ class FLattenSwinTransformer(nn.Module):
             authors' ``drop_rate``); attn_drop_rate: attention dropout; drop_path_rate: stochastic depth, linearly
             increasing over blocks.
     """
+
+    stage_container = "layers"
+    group_stem = r"^patch_embed"
 
     def __init__(
         self,
@@ -103,7 +129,7 @@ class FLattenSwinTransformer(nn.Module):
         embed_dim: int = 96,
         depths: Sequence[int] = (2, 2, 6, 2),
         num_heads: Sequence[int] = (3, 6, 12, 24),
-        attn_types: Sequence[str] = ("linear", "linear", "softmax", "softmax"),
+        attn_layers: Any = ("focused", "focused", "window", "window"),
         linear_window_size: int | tuple[int, int] = 56,
         window_size: int = 7,
         mlp_ratio: float = 4.0,
@@ -119,24 +145,16 @@ class FLattenSwinTransformer(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
+        super().__init__(in_chans, num_classes, global_pool, img_size)
         dd = {"device": device, "dtype": dtype}
-        if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool must be 'avg' or '' (no pooling), got {global_pool!r}.")
-        num_stages = len(depths)
-        if not (len(num_heads) == len(attn_types) == num_stages):
-            raise ValueError(
-                f"depths, num_heads and attn_types need one entry per stage; got {len(depths)}, {len(num_heads)}, "
-                f"{len(attn_types)}."
-            )
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.in_chans = in_chans
-        self.output_fmt = "NCHW"
+        self.num_stages = num_stages = len(depths)
+        if len(num_heads) != num_stages:
+            raise ValueError(f"depths and num_heads need one entry per stage; got {len(depths)} and {len(num_heads)}.")
+        specs = stage_attention_specs(attn_layers, num_stages, "FlattenSwin", ATTN_ALIASES)
+        self.attn_layers = tuple(name for name, _ in specs)
         self.patch_size = patch_size
         self.linear_window_size = to_2tuple(linear_window_size)
         self.window_size = window_size
-        self.attn_types = tuple(attn_types)
         embed_dims = [int(embed_dim * 2**i) for i in range(num_stages)]
         self.num_features = self.head_hidden_size = embed_dims[-1]
 
@@ -146,243 +164,79 @@ class FLattenSwinTransformer(nn.Module):
             in_chans=in_chans,
             embed_dim=embed_dim,
             norm_layer=norm_layer,
-            output_fmt="NHWC",  # its norm is over channels; _stem turns the result into NCHW
+            output_fmt="NHWC",  # its norm is over channels; forward_stem turns the result into NCHW
             strict_img_size=False,
             dynamic_img_pad=True,
             **dd,
         )
-        feat_sizes = self._stage_feat_sizes(self.patch_embed.grid_size, num_stages)
-        drop_paths = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
-
+        grids = self.stage_grids(self.img_size)
+        options = {
+            "qkv_bias": qkv_bias,
+            "attn_drop": attn_drop_rate,
+            "proj_drop": proj_drop_rate,
+            "focusing_factor": focusing_factor,
+            "dwc_kernel_size": dwc_kernel_size,
+        }
         stages = []
-        self.feature_info = []
-        in_dim = embed_dim
-        for i in range(num_stages):
-            linear = attn_types[i] == "linear"
-            stages.append(
-                FLattenSwinStage(
-                    in_dim,
+        for i, ((name, explicit), rates) in enumerate(zip(specs, drop_path_rates(drop_path_rate, depths))):
+            stage_options = dict(options)
+            if not attention_kind(name).windowed:  # linear kinds attend within the linear window
+                stage_options["window_size"] = grids[i]
+            stage_kwargs = stage_attention_kwargs(
+                name, explicit, stage_options, window_size=window_size, pos_size=grids[i]
+            )
+            downsample = PatchMerging(embed_dims[i - 1], embed_dims[i], norm_layer, **dd) if i > 0 else None
+            blocks = [
+                PreNormBlock.build(
                     embed_dims[i],
-                    depth=depths[i],
-                    num_heads=num_heads[i],
-                    attn_type=attn_types[i],
-                    downsample=i > 0,
-                    window_size=window_size,
-                    pos_size=_linear_pos_size(feat_sizes[i], self.linear_window_size) if linear else None,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    focusing_factor=focusing_factor,
-                    dwc_kernel_size=dwc_kernel_size,
+                    num_heads[i],
+                    name,
+                    shifted_block_kwargs(name, stage_kwargs, j),
+                    mlp_ratio,
                     proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=drop_paths[sum(depths[:i]) : sum(depths[: i + 1])],
-                    act_layer=act_layer,
+                    drop_path=rate,
                     norm_layer=norm_layer,
+                    act_layer=act_layer,
                     **dd,
                 )
-            )
-            in_dim = embed_dims[i]
-            self.feature_info.append(
-                {"num_chs": embed_dims[i], "reduction": patch_size * 2**i, "module": f"layers.{i}"}
-            )
-        self.layers = nn.Sequential(*stages)
-        self.norm = norm_layer(self.num_features, **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _stage_feat_sizes(grid_size: Sequence[int], num_stages: int) -> list[tuple[int, int]]:
-        sizes = [(int(grid_size[0]), int(grid_size[1]))]
-        for _ in range(1, num_stages):
-            h, w = sizes[-1]
-            sizes.append(((h + 1) // 2, (w + 1) // 2))  # patch merging pads odd maps
-        return sizes
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        # The authors' init: truncated-normal linears with zero bias; attention tables are set by their modules.
-        if isinstance(module, nn.Linear):
-            trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-    # ------------------------------------------------------------------ timm API
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        return {"*.positional_encoding", "*.attn.scale", "*.relative_position_bias_table"}
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return {
-            "stem": r"^patch_embed",
-            "blocks": r"^layers\.(\d+)"
-            if coarse
-            else [
-                (r"^layers\.(\d+)\.downsample", (0,)),
-                (r"^layers\.(\d+)\.blocks\.(\d+)", None),
-                (r"^norm", (99999,)),
-            ],
-        }
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.layers:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}.")
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        weight = next(self.parameters())  # the new head lives on the model's device and dtype
-        self.head = (
-            nn.Linear(self.num_features, num_classes, device=weight.device, dtype=weight.dtype)
-            if num_classes > 0
-            else nn.Identity()
+                for j, rate in enumerate(rates)
+            ]
+            stages.append(TokenStage(blocks, downsample))
+            self.add_feature_info(embed_dims[i], patch_size * 2**i)
+        self.add_stages_norm_head(
+            stages, norm_layer(self.num_features, **dd), num_classes, global_pool, drop_rate, **dd
         )
-        self.head.train(self.training)
+        self.apply(init_linear_weights)  # the authors' init; attention tables are set by their modules
 
-    @torch.jit.ignore
-    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
-        """Re-size the linear stages' positional encodings for ``img_size`` (bicubic; ``requires_grad`` kept)."""
-        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_size):
-            raise ValueError("FLatten-Swin cannot change its patch size; pass img_size only.")
-        if img_size is None:
-            return
+    def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """The grid of each stage's positional tables: its map at ``img_size`` (the patch grid, then halved with
+        padding by each merge), clamped to the linear window."""
+        grids = conv_grids(img_size, self.num_stages, (self.patch_size, self.patch_size, 0), downsample=(1, 2, 0))
+        window = self.linear_window_size
+        return [(min(h, window[0]), min(w, window[1])) for h, w in grids]
+
+    def resize_stem(self, img_size: tuple[int, int]) -> None:
         self.patch_embed.set_input_size(img_size=img_size)
-        feat_sizes = self._stage_feat_sizes(self.patch_embed.grid_size, len(self.layers))
-        for stage, feat_size in zip(self.layers, feat_sizes):
-            for block in stage.blocks:
-                if block.attn_type != "linear":
-                    continue
-                new_size = _linear_pos_size(feat_size, self.linear_window_size)
-                old = block.attn.positional_encoding
-                with torch.no_grad():
-                    resized = _resize_grid_table(old.data, block.pos_size, new_size)
-                block.attn.positional_encoding = nn.Parameter(resized, requires_grad=old.requires_grad)
-                block.pos_size = new_size
-                _set_attention_grid(block.attn, new_size)
 
-    @torch.jit.ignore
-    def load_pretrained(self, checkpoint_path: str) -> None:
-        """timm's hook for ``pretrained_cfg['custom_load']``: read the authors' raw file safely (model weights)."""
-        load_pretrained_file(self, checkpoint_path, checkpoint_filter_fn)
-
-    # ------------------------------------------------------------------ forward
-    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
         return self.patch_embed(x).permute(0, 3, 1, 2)
 
-    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The entry check of every forward path: shape, channels, dtype (and the smallest size, where one exists)."""
-        return check_image_batch(
-            x, self.in_chans, model_name="FLattenSwinTransformer", weight_dtype=self.patch_embed.proj.weight.dtype
-        )
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._check_input(x)  # pads any size
-        x = self._stem(x)
-        x = self.layers(x)
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == "avg":
-            x = x.mean(dim=(2, 3))
-        x = self.head_drop(x)
-        if pre_logits:
-            return x
-        if self.global_pool == "":
-            return self.head(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Stage outputs (NCHW, strides 4/8/16/32) and, unless ``intermediates_only``, the final features.
-
-        ``norm=True`` applies the final norm to the last stage's output (the only one it is sized for).
-        """
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}.")
-        x = self._check_input(x)
-        intermediates = []
-        take_indices, max_index = feature_take_indices(len(self.layers), indices)
-        num_stages = len(self.layers)
-        x = self._stem(x)
-        if torch.jit.is_scripting() or not stop_early:
-            stages = self.layers
-        else:
-            stages = self.layers[: max_index + 1]
-        last = 0
-        for i, stage in enumerate(stages):
-            x = stage(x)
-            last = i
-            if i in take_indices:
-                if norm and i == num_stages - 1:
-                    intermediates.append(self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
-                else:
-                    intermediates.append(x)
-        if intermediates_only:
-            return intermediates
-        if last == num_stages - 1:
-            x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return x, intermediates
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """Drop the stages (and norm/head) that the given intermediates do not need."""
-        take_indices, max_index = feature_take_indices(len(self.layers), indices)
-        prune_end = max_index < len(self.layers) - 1
-        self.layers = self.layers[: max_index + 1]
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0, "")
-        return take_indices
-
-
-def _set_attention_grid(attn: nn.Module, grid: tuple[int, int]) -> None:
-    """Tell a FocusedLinearAttention its positional-encoding grid (and window) changed."""
-    for name in ("pos_size", "window_size"):
-        if hasattr(attn, name):
-            setattr(attn, name, grid)
+    def forward_stages(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
 
 
 # ---------------------------------------------------------------------- checkpoints
 _DROPPED_SUFFIXES = ("relative_position_index", "attn_mask", "relative_coords_table")
 
 
-def _square_grid(length: int, key: str) -> tuple[int, int]:
-    side = math.isqrt(length)
-    if side * side != length:
-        raise ValueError(f"{key}: {length} positions do not form a square grid; cannot infer the source grid.")
-    return side, side
-
-
-def checkpoint_filter_fn(state_dict: dict[str, Any], model: FLattenSwinTransformer) -> dict[str, torch.Tensor]:
-    """Map the authors' (or a timm-layout) FLatten-Swin state dict onto ``model``.
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict[str, torch.Tensor]:
+    """Map the authors' (or a linvit-layout) FLatten-Swin state dict onto ``model``.
 
     Unwraps a full training checkpoint, moves ``layers.{i}.downsample`` (end of stage, the authors' layout) to
     ``layers.{i+1}.downsample``, drops computed buffers, and resizes positional encodings and relative position
     bias tables (bicubic) when the resolution or window differs from the model's.
     """
-    if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        state_dict = extract_model_state_dict(state_dict)
+    state_dict = unwrap_checkpoint(state_dict)
     authors_layout = any(k.startswith("layers.0.downsample.") for k in state_dict)
     target = model.state_dict()
     out: dict[str, torch.Tensor] = {}
@@ -393,42 +247,25 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FLattenSwinTransform
         if authors_layout and len(parts) > 2 and parts[0] == "layers" and parts[2] == "downsample":
             parts[1] = str(int(parts[1]) + 1)
             key = ".".join(parts)
-        if key.startswith("head.") and key not in target and "head.fc." + key[5:] in target:
-            key = "head.fc." + key[5:]
-        if key in target and value.shape != target[key].shape:
-            if key.endswith("positional_encoding"):
-                block = model.get_submodule(key.rsplit(".attn.", 1)[0])
-                value = _resize_grid_table(value, _square_grid(value.shape[1], key), block.pos_size)
-            elif key.endswith("relative_position_bias_table"):
-                value = _resize_bias_table(value, target[key].shape[0])
+        if key.endswith("relative_position_bias_table") and key in target and value.shape != target[key].shape:
+            value = resize_relative_position_bias(value, target[key].shape[0])
         out[key] = value
-    return out
+    return resize_positional_encodings(out, model)
 
 
 # ---------------------------------------------------------------------- registration
-def _create_flatten_swin(variant: str, pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
+def _create_flatten_swin(variant: str, pretrained: bool = False, **kwargs: Any) -> FlattenSwin:
     out_indices = tuple(range(len(kwargs.get("depths", (2, 2, 6, 2)))))
-    # the authors' files need the model's own (safe) loader: create_flatten_model routes them there
-    return create_flatten_model(
-        FLattenSwinTransformer,
-        variant,
-        pretrained,
-        checkpoint_filter_fn,
-        out_indices,
-        flatten_sequential=True,
-        **kwargs,
-    )
+    return create_family_model(FlattenSwin, variant, pretrained, out_indices, **kwargs)
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return flatten_cfg(
+    return family_cfg(
         **{
-            "pool_size": (7, 7),
             "crop_pct": 0.875,
             "first_conv": "patch_embed.proj",
             "classifier": "head",
             "license": "mit",
-            "paper_ids": "arXiv:2308.00442",
             "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer",
             **kwargs,
         }
@@ -462,7 +299,7 @@ default_cfgs = generate_default_cfgs(
 
 
 @register_model
-def flatten_swin_tiny_patch4_224(pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
+def flatten_swin_tiny_patch4_224(pretrained: bool = False, **kwargs: Any) -> FlattenSwin:
     """FLatten-Swin-T: 29.2M params, 4.48 GMACs, 82.1% ImageNet-1k (paper)."""
     args = {
         "embed_dim": 96,
@@ -475,7 +312,7 @@ def flatten_swin_tiny_patch4_224(pretrained: bool = False, **kwargs: Any) -> FLa
 
 
 @register_model
-def flatten_swin_small_patch4_224(pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
+def flatten_swin_small_patch4_224(pretrained: bool = False, **kwargs: Any) -> FlattenSwin:
     """FLatten-Swin-S: 50.5M params, 8.73 GMACs, 83.5% ImageNet-1k (paper)."""
     args = {
         "embed_dim": 96,
@@ -488,7 +325,7 @@ def flatten_swin_small_patch4_224(pretrained: bool = False, **kwargs: Any) -> FL
 
 
 @register_model
-def flatten_swin_base_patch4_224(pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
+def flatten_swin_base_patch4_224(pretrained: bool = False, **kwargs: Any) -> FlattenSwin:
     """FLatten-Swin-B: 89.0M params, 15.4 GMACs, 83.8% ImageNet-1k (paper)."""
     args = {
         "embed_dim": 128,
@@ -501,7 +338,7 @@ def flatten_swin_base_patch4_224(pretrained: bool = False, **kwargs: Any) -> FLa
 
 
 @register_model
-def flatten_swin_base_patch4_384(pretrained: bool = False, **kwargs: Any) -> FLattenSwinTransformer:
+def flatten_swin_base_patch4_384(pretrained: bool = False, **kwargs: Any) -> FlattenSwin:
     """FLatten-Swin-B at 384: 91.4M params, 46.4 GMACs, 85.0% ImageNet-1k (paper)."""
     args = {
         "img_size": 384,

@@ -39,7 +39,7 @@ SEEDED_CASES: dict[str, tuple[str, dict]] = {
             "embed_dim": 16,
             "depths": (1, 2, 2, 1),
             "num_heads": (1, 2, 2, 2),
-            "attn_types": ("softmax", "linear", "softmax", "linear"),
+            "attn_layers": ("window", "focused", "window", "focused"),
         },
     ),
     "flatten_deit": ("flatten_deit_tiny_patch16_224", {"depth": 2, "num_classes": 10}),

@@ -18,6 +18,7 @@ from _flatten_testing import (
 from torch import nn
 
 import linvit.models.flatten_cswin
+from linvit.attention import stripe_attention_reference
 from linvit.models.flatten_cswin import LePEAttention
 from linvit.utils import count_macs, count_params
 
@@ -355,32 +356,8 @@ def test_filter_accepts_converted_state_dicts():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# stripes at any size: padding + key masking equals attending within the cut-off stripe
+# stripes at any size: padding + key masking equals attending within the cut-off stripe (the package's reference)
 # ----------------------------------------------------------------------------------------------------------------
-def _stripe_reference(attn: LePEAttention, qkv: torch.Tensor, hw):
-    """Slow: cut the map into its stripes (the last one narrower), attend within each stripe, conv v per stripe."""
-    batch, _, three_c = qkv.shape
-    channels, heads = three_c // 3, attn.num_heads
-    grid = qkv.reshape(batch, hw[0], hw[1], three_c)
-    out = torch.zeros(batch, hw[0], hw[1], channels, dtype=qkv.dtype)
-    step = attn.split_size
-    rows = (
-        [(0, hw[0])] if attn.direction != "horizontal" else [(r, min(r + step, hw[0])) for r in range(0, hw[0], step)]
-    )
-    cols = [(0, hw[1])] if attn.direction != "vertical" else [(c, min(c + step, hw[1])) for c in range(0, hw[1], step)]
-    for r0, r1 in rows:
-        for c0, c1 in cols:
-            piece = grid[:, r0:r1, c0:c1, :]
-            h, w = piece.shape[1], piece.shape[2]
-            q, k, v = piece.reshape(batch, h * w, 3, heads, channels // heads).permute(2, 0, 3, 1, 4)
-            weights = torch.softmax(q @ k.transpose(-2, -1) * (channels // heads) ** -0.5, dim=-1)
-            v_image = piece[..., 2 * channels :].permute(0, 3, 1, 2)
-            lepe = attn.get_v(v_image).reshape(batch, heads, channels // heads, h * w).transpose(2, 3)
-            result = (weights @ v + lepe).transpose(1, 2).reshape(batch, h, w, channels)
-            out[:, r0:r1, c0:c1, :] = result
-    return out.reshape(batch, hw[0] * hw[1], channels)
-
-
 @pytest.mark.parametrize("direction", ["vertical", "horizontal", "full"])
 @pytest.mark.parametrize("hw", [(6, 9), (7, 7), (2, 3)])
 def test_stripe_attention_pads_and_masks_exactly(direction, hw):
@@ -388,7 +365,7 @@ def test_stripe_attention_pads_and_masks_exactly(direction, hw):
     attn = _randomize(LePEAttention(8, 2, split_size=4, direction=direction)).double()
     qkv = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(attn(qkv, hw), _stripe_reference(attn, qkv, hw))
+        torch.testing.assert_close(attn(qkv, hw), stripe_attention_reference(attn, qkv, hw))
 
 
 # ----------------------------------------------------------------------------------------------------------------

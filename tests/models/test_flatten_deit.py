@@ -8,10 +8,9 @@ import warnings
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 
 import linvit.models  # noqa: F401  (registers the models)
-from linvit.models.flatten_deit import FLattenDeiTAttention
+from linvit.attention import FocusedLinearAttention
 from linvit.utils import count_macs, count_params
 
 NAME = "flatten_deit_tiny_patch16_224"
@@ -64,45 +63,32 @@ def test_without_dwc_runs_and_scripts():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# the attention against a slow, per-head restatement of the design
+# the class-token attention (the model's FocusedLinearAttention(num_prefix_tokens=1)) against the package's reference
 # ------------------------------------------------------------------------------------------------------------------
-def _reference_attention(attn: FLattenDeiTAttention, x, hw, table_grid):
-    B, N, C = x.shape
-    heads, prefix = attn.num_heads, attn.num_prefix_tokens
-    q, k, v = attn.qkv(x).reshape(B, N, 3, C).permute(2, 0, 1, 3).unbind(0)
-    table = attn.positional_encoding.reshape(1, *table_grid, C).permute(0, 3, 1, 2)
-    table = F.interpolate(table, size=hw, mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, -1, C)
-    k = torch.cat([k[:, :prefix], k[:, prefix:] + table], dim=1)
-
-    def focused(t):
-        t = (F.relu(t) + 1e-6) / F.softplus(attn.scale)
-        return t.norm(dim=-1, keepdim=True) * t**3 / (t**3).norm(dim=-1, keepdim=True)
-
-    q, k = focused(q), focused(k)
-    q, k, v = (t.reshape(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
-    z = 1 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + 1e-6)
-    out = (q @ ((k.transpose(-2, -1) / N**0.5) @ (v / N**0.5))) * z  # (B, h, N, d)
-    patches_v = v[:, :, prefix:].reshape(B * heads, *hw, -1).permute(0, 3, 1, 2)  # each head as a (d, H, W) image
-    local = attn.dwc(patches_v).reshape(B, heads, -1, hw[0] * hw[1]).transpose(-2, -1)
-    out = torch.cat([out[:, :, :prefix], out[:, :, prefix:] + local], dim=2)
-    return attn.proj(out.transpose(1, 2).reshape(B, N, C))
+def _reference_attention(attn: FocusedLinearAttention, x, hw):
+    """The package's reference: the same weights on the naive backend (the N x N matrix written out)."""
+    reference = FocusedLinearAttention(
+        attn.dim, attn.num_heads, pos_size=attn.pos_size, num_prefix_tokens=attn.num_prefix_tokens, backend="naive"
+    )
+    reference.load_state_dict(attn.state_dict())
+    return reference(x, hw)
 
 
 def test_attention_matches_reference_with_class_token_and_resized_table():
     torch.manual_seed(0)
-    attn = FLattenDeiTAttention(24, 3, pos_size=(4, 6)).eval()
+    attn = FocusedLinearAttention(24, 3, pos_size=(4, 6), num_prefix_tokens=1).eval()
     with torch.no_grad():
         for param in (attn.positional_encoding, attn.scale):
             param.normal_(0, 0.5)
     hw = (5, 7)
     x = torch.randn(2, 1 + 35, 24)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, hw), _reference_attention(attn, x, hw, (4, 6)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attn(x, hw), _reference_attention(attn, x, hw), rtol=1e-5, atol=1e-5)
 
 
 def test_class_token_output_has_no_dwc_term():
     torch.manual_seed(0)
-    attn = FLattenDeiTAttention(16, 2, pos_size=(3, 3)).eval()
+    attn = FocusedLinearAttention(16, 2, pos_size=(3, 3), num_prefix_tokens=1).eval()
     x = torch.randn(1, 10, 16)
     with torch.no_grad():
         before = attn(x, (3, 3))
@@ -239,7 +225,7 @@ def test_input_checks_at_the_entry():
     with torch.no_grad():
         assert padded(torch.randn(1, 3, 5, 7)).shape == (1, 10)  # padded up to one 16x16 patch
     unpadded = _tiny(dynamic_img_pad=False)
-    with pytest.raises(ValueError, match=r"FLattenDeiT needs images of at least 16x16 \(H x W\), got 8x32"):
+    with pytest.raises(ValueError, match=r"FlattenDeiT needs images of at least 16x16 \(H x W\), got 8x32"):
         unpadded.forward_intermediates(torch.randn(1, 3, 8, 32))
     with pytest.raises(TypeError, match="uint8"):
         padded.forward_features(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))

@@ -18,7 +18,7 @@ from torch import nn
 
 import linvit.models  # noqa: F401  (registers the models)
 from linvit.models._checkpoint import UntrustedCheckpointError
-from linvit.models.flatten_swin import FLattenSwinTransformer
+from linvit.models.flatten_swin import FlattenSwin
 from linvit.utils import count_macs, count_params
 
 # name: (params, MACs) of the paper's table (arXiv 2308.00442, Table 2 / the authors' README)
@@ -513,7 +513,7 @@ def test_meta_device_build_has_no_real_storage():
 
 def test_direct_class_rejects_inconsistent_stage_lists():
     with pytest.raises(ValueError, match="one entry per stage"):
-        FLattenSwinTransformer(depths=(2, 2), num_heads=(1, 2, 3), attn_types=("linear", "softmax"), device="meta")
+        FlattenSwin(depths=(2, 2), num_heads=(1, 2, 3), attn_layers=("focused", "window"), device="meta")
 
 
 def test_bf16_autocast_stays_finite_at_large_activations():
