@@ -15,7 +15,6 @@ layouts.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Sequence
@@ -24,20 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linvit.models import check_model_name
+
 __all__ = ["FeatureBackbone", "create_feature_backbone", "check_model_name", "load_checkpoint_state_dict"]
-
-
-def check_model_name(name: str) -> None:
-    """Raise a ValueError naming close matches when ``name`` is not a registered timm model."""
-    import timm
-
-    import linvit  # noqa: F401  (registers linvit_* / flatten_* with timm)
-
-    if timm.is_model(name):
-        return
-    close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-    hint = f" Did you mean: {', '.join(close)}?" if close else " See timm.list_models('linvit_*') for linvit's models."
-    raise ValueError(f"Unknown model {name!r}: it is not registered with timm.{hint}")
 
 
 def _strip_prefix_for(model_keys: set, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -55,12 +55,12 @@ class PatchEmbed(nn.Module):
     """Non-overlapping `patch_size` convolution and LayerNorm over channels; pads the input up to a multiple of the
     patch. (B, C, H, W) -> (B, C', ceil(H / p), ceil(W / p))."""
 
-    def __init__(self, in_chans: int, embed_dim: int, patch_size: int, device=None, dtype=None):
+    def __init__(self, in_chans: int, out_chans: int, patch_size: int, device=None, dtype=None):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
-        self.norm = nn.LayerNorm(embed_dim, **dd)
+        self.proj = nn.Conv2d(in_chans, out_chans, patch_size, stride=patch_size, **dd)
+        self.norm = nn.LayerNorm(out_chans, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pad_h = (self.patch_size - x.shape[2] % self.patch_size) % self.patch_size

@@ -59,7 +59,7 @@ class OverlapPatchEmbed(nn.Module):
     def __init__(
         self,
         in_chans: int,
-        embed_dim: int,
+        out_chans: int,
         patch_size: int = 7,
         stride: int = 4,
         device=None,
@@ -67,8 +67,8 @@ class OverlapPatchEmbed(nn.Module):
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2, **dd)
-        self.norm = nn.LayerNorm(embed_dim, **dd)
+        self.proj = nn.Conv2d(in_chans, out_chans, patch_size, stride=stride, padding=patch_size // 2, **dd)
+        self.norm = nn.LayerNorm(out_chans, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

@@ -69,18 +69,18 @@ class PatchMerging(nn.Module):
 
     def __init__(
         self,
-        dim: int,
-        out_dim: int | None = None,
+        in_chans: int,
+        out_chans: int | None = None,
         norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
         device=None,
         dtype=None,
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.dim = dim
-        self.out_dim = out_dim or 2 * dim
-        self.norm = norm_layer(4 * dim, **dd)
-        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False, **dd)
+        self.in_chans = in_chans
+        self.out_chans = out_chans or 2 * in_chans
+        self.norm = norm_layer(4 * in_chans, **dd)
+        self.reduction = nn.Linear(4 * in_chans, self.out_chans, bias=False, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape

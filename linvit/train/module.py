@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
 
+from linvit.models import check_model_name
 from linvit.train._hparams import make_hparams_plain
 
 _log = logging.getLogger(__name__)
@@ -57,24 +58,6 @@ def _merge(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) ->
     return {**defaults, **given}
 
 
-def check_model_name(model_name: str) -> None:
-    """Raise ValueError with the close matches when timm does not know ``model_name`` (before anything is built).
-
-    Names with a source prefix (``hf-hub:``, ``local-dir:``) are left to timm.
-    """
-    if ":" in model_name or timm.is_model(model_name):
-        return
-    import difflib
-
-    known = timm.list_models()
-    close = difflib.get_close_matches(model_name, known, n=5, cutoff=0.6)
-    hint = f"Close matches: {', '.join(close)}." if close else "No close match."
-    raise ValueError(
-        f"Unknown model name {model_name!r} (model.model_name). {hint} List the available ones with "
-        "timm.list_models('linvit_*') (or 'flatten_*'), after `import linvit`."
-    )
-
-
 class ImageClassifier(LightningModule):
     """Image classification with ``timm.create_model(model_name, ...)``.
 
@@ -89,6 +72,8 @@ class ImageClassifier(LightningModule):
         label_smoothing: label smoothing of the cross-entropy (also applied inside mixup targets).
         mixup: timm ``Mixup`` options; active when ``mixup_alpha`` or ``cutmix_alpha`` > 0.
         ema: ``enabled``, ``decay``, ``warmup`` (timm's decay warm-up), ``evaluate`` (validate/test EMA weights).
+        attn_layers: the per-stage attention of a linvit family (``["focused", "focused", "hybrid", "window"]``,
+            names from ``linvit.attention.ATTENTION_NAMES``), passed to ``create_model``; None keeps the model's.
     """
 
     def __init__(
@@ -103,6 +88,7 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,
         mixup: dict[str, Any] | None = None,
         ema: dict[str, Any] | None = None,
+        attn_layers: Any = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -118,9 +104,13 @@ class ImageClassifier(LightningModule):
         self.label_smoothing = float(label_smoothing)
         self.num_classes = int(num_classes)
 
-        check_model_name(model_name)
+        check_model_name(model_name, "model.model_name")
+        model_kwargs = dict(model_kwargs or {})
+        if attn_layers is not None:  # recorded once, with the other model arguments (export and resume read those)
+            model_kwargs["attn_layers"] = attn_layers
+            self.hparams["model_kwargs"], self.hparams["attn_layers"] = model_kwargs, None
         self.model = timm.create_model(
-            model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **dict(model_kwargs or {})
+            model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **model_kwargs
         )
         self.mixup_fn = None
         if self.mixup_cfg["mixup_alpha"] > 0 or self.mixup_cfg["cutmix_alpha"] > 0:
