@@ -4,7 +4,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_token_grid
+from linvit.attention._windows import check_heads, check_token_grid
 
 __all__ = ["GlobalAttention"]
 
@@ -35,14 +35,9 @@ class GlobalAttention(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
-                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
-            )
         self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = check_heads(dim, num_heads)
         self.attn_drop = attn_drop
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, device=device, dtype=dtype)
         self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from linvit.attention._windows import (
     aligned_length,
+    check_heads,
     check_token_grid,
     padded_grid_size,
     to_pair,
@@ -293,14 +294,9 @@ class WindowAttention(nn.Module):
     ):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads that divides dim "
-                f"(e.g. {dim // 32 or 1} heads of 32 channels)."
-            )
         self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = check_heads(dim, num_heads)
         self.window_size = to_pair(window_size, "window_size")
         shift = (shift_size, shift_size) if isinstance(shift_size, int) else tuple(int(s) for s in shift_size)
         if len(shift) != 2 or not all(0 <= s < w for s, w in zip(shift, self.window_size)):
