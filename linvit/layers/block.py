@@ -14,6 +14,7 @@ import torch
 from timm.layers import DropPath, Mlp
 from torch import nn
 
+from linvit.attention import create_attention
 from linvit.layers.position import ConvPosEnc
 
 
@@ -61,8 +62,6 @@ class PreNormBlock(nn.Module):
     ) -> PreNormBlock:
         """A block with the attention ``attention`` (a name for `linvit.attention.create_attention`, with
         ``attn_kwargs``) and ``mlp_layer(dim, dim * mlp_ratio, drop=proj_drop, **mlp_kwargs)``, built in that order."""
-        from linvit.attention import create_attention  # attention sits below layers; imported here to build
-
         dd = {"device": device, "dtype": dtype}
         attn = create_attention(attention, dim, num_heads, **(attn_kwargs or {}), **dd)
         mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop, **mlp_kwargs, **dd)
@@ -97,8 +96,6 @@ class TransformerBlock(PreNormBlock):
         device=None,
         dtype=None,
     ):
-        from linvit.attention import create_attention  # attention sits below layers; imported here to build
-
         dd = {"device": device, "dtype": dtype}
         cpe = ConvPosEnc(dim, cpe_kernel_size, **dd) if cpe_kernel_size else None  # built first, as ever
         attn = create_attention(
