@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from linvit.train._hparams import make_hparams_plain
@@ -26,7 +25,7 @@ from linvit.train.augment import guard_transform
 from linvit.train.auto_size import DEFAULT_MULTIPLE, MAX_AUTO_SIZE, auto_img_size
 from linvit.train.data_options import AUTO, fraction, whole_number
 from linvit.train.datamodule_base import ClassificationDataModule
-from linvit.train.datasets import DataUnavailableError, held_out_per_class, stratified_split
+from linvit.train.datasets import DataUnavailableError, held_out_per_class
 from linvit.train.image_folder import (
     BAD_FILE_MODES,
     PilLoader,
@@ -288,8 +287,9 @@ class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
         root: where torchvision finds (or, with ``download=True``, puts) ``cifar-10-batches-py``.
         variant: ``cifar10`` or ``cifar100``.
         download: fetch the archive if missing (needs the internet; without it: one-line error).
-        val_size: training images held out (stratified, ``split_seed``) to validate and choose the checkpoint, so
-            that the 10k test images only test; ``0`` validates on the test images (optimistic test metrics).
+        val_size: training images held out to validate and choose the checkpoint (the same share of each class,
+            drawn with ``split_seed``), so that the 10k test images only test; ``0`` validates on the test images
+            (optimistic test metrics).
     """
 
     def __init__(
@@ -368,7 +368,7 @@ class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
                 f"data.val_size={self.val_size} holds out all {len(train)} {self.variant} training images: "
                 "set it below that (e.g. 5000)."
             )
-        rest, held_out = stratified_split(np.asarray(train.targets), self.val_size / len(train), self.split_seed)
+        rest, held_out = held_out_per_class(train.targets, self.val_size / len(train), self.split_seed)
         evaluated = copy.copy(train)  # the same arrays, with the evaluation transform
         evaluated.transform = self._timm_transform(False)
         self.train_set, self.val_set = Subset(train, rest.tolist()), Subset(evaluated, held_out.tolist())
