@@ -105,10 +105,20 @@ _SIZE_CACHE: dict[tuple, Any] = {}
 _SIZE_CACHE_LIMIT = 128
 
 
+def _fake_mode_active() -> bool:
+    """Whether tensors are fake here (FakeTensorMode: `linvit models`' MAC count, memory estimates, export)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode() is not None
+
+
 def _remember(key: tuple, build: Callable[[], Any]) -> Any:
     """The cached value for key, built on first use. Built outside inference mode: tensors first made under
     `torch.inference_mode()` could not be saved for backward by later training calls (index_select saves its index).
+    Under fake tensors nothing is cached or reused: a fake index would turn later real outputs fake.
     """
+    if _fake_mode_active():
+        return build()
     if key not in _SIZE_CACHE:
         if len(_SIZE_CACHE) >= _SIZE_CACHE_LIMIT:
             _SIZE_CACHE.clear()

@@ -305,3 +305,17 @@ def test_layouts_first_built_in_inference_mode_serve_training():
     x = _tokens(2, hw, 16).float().requires_grad_(True)
     module(x, hw).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_fake_tensor_runs_leave_no_fake_entries_in_the_size_caches():
+    """A dry run on fake tensors (`linvit models`, memory estimates) must not turn later real outputs fake."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    module = WindowAttention(16, 2, window_size=4, shift_size=2).eval()
+    hw = (6, 11)  # shifted and padded (sizes no other test uses): every cached index and mask is built here
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = module(torch.empty(1, 66, 16), hw)
+    assert isinstance(fake, FakeTensor)
+    with torch.no_grad():
+        real = module(torch.randn(1, 66, 16), hw)
+    assert not isinstance(real, FakeTensor) and torch.isfinite(real).all()
