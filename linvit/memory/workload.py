@@ -1,0 +1,108 @@
+"""The work whose memory is predicted and measured: the same code runs on fake tensors and on real ones.
+
+Inference: ``calls`` forward passes under ``torch.no_grad()``. Training: ``calls`` steps of AdamW on the
+cross-entropy of the logits (``zero_grad(set_to_none=True)``, forward, backward, step). Two calls by default, so
+that the peak is that of a steady loop: the second call finds the first one's leftovers (AdamW's state, caches
+that modules build for a new input size) in place. Reduced precision is autocast, weights stay fp32 (as in
+mixed-precision training and the benchmarks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DTYPES", "CALLS", "autocast", "fresh_size_caches", "make_optimizer", "run_workload"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CALLS = 2
+
+
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """Autocast to ``dtype`` ("bf16", "fp16"); nothing for "fp32"."""
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}.")
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW with PyTorch's defaults, with the multi-tensor (foreach) path stated: fake tensors would otherwise
+    lose PyTorch's device-based choice of it (CUDA runs foreach, the CPU one tensor at a time)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    foreach = bool(params) and params[0].device.type == "cuda"
+    return torch.optim.AdamW(params, foreach=foreach)
+
+
+@contextlib.contextmanager
+def fresh_size_caches() -> Iterator[None]:
+    """Run with linvit's process-wide cache of size-dependent tensors (window masks and gather indices, which
+    ``linvit.attention.window`` keeps per input size) empty, and the previous one back afterwards.
+
+    A dry run must build (and count) those tensors rather than find them, and must not leave fake tensors there for
+    a real run of the same size to pick up (it would then compute on fake tensors); a measured run must not find
+    the warm-up's.
+    """
+    from linvit.attention import window
+
+    saved = getattr(window, "_SIZE_CACHE", None)
+    if not isinstance(saved, dict):  # the cache moved or went: nothing to isolate
+        yield
+        return
+    window._SIZE_CACHE = {}
+    try:
+        yield
+    finally:
+        window._SIZE_CACHE = saved
+
+
+@contextlib.contextmanager
+def _phase(phase: Callable[[str], contextlib.AbstractContextManager] | None, label: str) -> Iterator[None]:
+    if phase is None:
+        yield
+    else:
+        with phase(label):
+            yield
+
+
+def run_workload(
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    train: bool,
+    dtype: str = "fp32",
+    calls: int = CALLS,
+    optimizer: torch.optim.Optimizer | None = None,
+    phase: Callable[[str], contextlib.AbstractContextManager] | None = None,
+) -> None:
+    """Run ``calls`` inference passes or training steps of ``model`` on ``images``.
+
+    ``optimizer``: AdamW from :func:`make_optimizer` when training and none is given. ``phase(label)``: an optional
+    context manager entered around "forward", "backward" and "optimizer step" (the tracker's scopes).
+    """
+    device = images.device
+    model.train(train)
+    if not train:
+        for _ in range(calls):
+            with _phase(phase, "forward"), torch.no_grad(), autocast(device, dtype):
+                model(images)
+        return
+    optimizer = optimizer if optimizer is not None else make_optimizer(model)
+    # class 0 for every image: the loss's memory does not depend on the labels
+    targets = torch.zeros(images.shape[0], dtype=torch.long, device=device)
+    for _ in range(calls):
+        optimizer.zero_grad(set_to_none=True)
+        with _phase(phase, "forward"), autocast(device, dtype):
+            logits = model(images)
+            loss = F.cross_entropy(logits.float(), targets)
+        del logits
+        with _phase(phase, "backward"):
+            loss.backward()
+        del loss
+        with _phase(phase, "optimizer step"):
+            optimizer.step()
