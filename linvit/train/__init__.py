@@ -1,7 +1,8 @@
 """Training with Lightning + Hydra: the LightningModule, DataModules, callbacks and export.
 
-``train.py`` (Hydra entry, ``configs/train.yaml``) builds four objects from the config, each by ``_target_``
-through ``hydra.utils.instantiate``, and runs ``Trainer.fit``, ``Trainer.test`` and the export
+``python train.py`` and ``linvit train`` (the Hydra app of :mod:`linvit.train.hydra_app`, ``train.yaml`` of the
+configs the package ships as ``linvit/configs``) build four objects from the config, each by ``_target_``
+through ``hydra.utils.instantiate``, and run ``Trainer.fit``, ``Trainer.test`` and the export
 (:func:`linvit.train.run.train`):
 
 - ``cfg.data``: any ``LightningDataModule``;
@@ -27,7 +28,7 @@ DataModule and LightningModule through ``configs/data/<name>.yaml``, ``configs/m
    data's preprocessing (:class:`~linvit.train.datamodules.ClassificationDataModule`); set
    ``export.enabled=false`` for other tasks.
 
-Nothing here needs Hydra except :mod:`linvit.train.run`.
+Nothing here needs Hydra except :mod:`linvit.train.run` and :mod:`linvit.train.hydra_app`.
 """
 
 from linvit.train.datamodules import (

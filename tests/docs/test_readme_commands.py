@@ -29,14 +29,8 @@ from pathlib import Path
 
 import pytest
 from readme import REPO, code_blocks, inline_commands, shell_commands
+from train_helpers import SHORT
 
-SHORT = [
-    "trainer.max_epochs=1",
-    "+trainer.limit_train_batches=2",
-    "+trainer.limit_val_batches=1",
-    "+trainer.limit_test_batches=1",
-    "trainer.enable_progress_bar=false",
-]
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
 
 

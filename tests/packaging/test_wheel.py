@@ -15,15 +15,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from train_helpers import SHORT  # one epoch of two steps
 
 REPO = Path(__file__).resolve().parents[2]
-SHORT = [
-    "trainer.max_epochs=1",
-    "+trainer.limit_train_batches=2",
-    "+trainer.limit_val_batches=1",
-    "+trainer.limit_test_batches=1",
-    "trainer.enable_progress_bar=false",
-]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import yaml
-from train_helpers import compose
+from train_helpers import SHORT, compose
 
 from linvit.train.run import train
 
@@ -22,12 +22,8 @@ pytest.importorskip("skimage", reason="scikit-image (the dev extra) has the samp
 from real_images import write_cifar_archive, write_image_folder, write_segmentation_folder  # noqa: E402
 
 FEW_STEPS = [
-    "trainer.max_epochs=1",
-    "+trainer.limit_train_batches=2",
-    "+trainer.limit_val_batches=1",
-    "+trainer.limit_test_batches=1",
+    *SHORT,
     "trainer.accelerator=cpu",
-    "trainer.enable_progress_bar=false",
     "trainer.num_sanity_val_steps=0",
     "callbacks.model_summary=null",
     "export.enabled=false",

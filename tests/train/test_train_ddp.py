@@ -15,18 +15,9 @@ import sys
 
 import torch
 import torch.multiprocessing as mp
-from train_helpers import REPO, report_ema_parameters
+from train_helpers import REPO, SHORT, report_ema_parameters  # SHORT: one epoch of two steps; else the defaults
 
 from linvit.train.module import ImageClassifier
-
-# a short run: one epoch of 3 steps; everything else is the documented command's default config
-SHORT = [
-    "trainer.max_epochs=1",
-    "+trainer.limit_train_batches=3",
-    "+trainer.limit_val_batches=2",
-    "+trainer.limit_test_batches=2",
-    "trainer.enable_progress_bar=false",
-]
 
 
 def _train_py(tmp_path, *overrides: str) -> subprocess.CompletedProcess:

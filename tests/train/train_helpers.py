@@ -24,6 +24,15 @@ FAST = [
     "callbacks.model_summary=null",
 ]
 
+# A run of one epoch of two steps (validation and test one batch each): the suffix that shortens a training command
+SHORT = [
+    "trainer.max_epochs=1",
+    "+trainer.limit_train_batches=2",
+    "+trainer.limit_val_batches=1",
+    "+trainer.limit_test_batches=1",
+    "trainer.enable_progress_bar=false",
+]
+
 
 def compose(overrides: list[str], output_dir: Path | None = None):
     """``configs/train.yaml`` with ``overrides``, ``paths.output_dir`` set (no Hydra run needed)."""
