@@ -90,7 +90,7 @@ def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any],
     import timm
     import torch
 
-    from linvit.models._checkpoint import describe_mismatch, state_dict_mismatch
+    from linvit.io import describe_mismatch, state_dict_mismatch
 
     def fit(model_args: dict[str, int]) -> tuple[dict[str, Any], tuple[list, list, list]]:
         model = timm.create_model(name, pretrained=False, device="meta", **model_args)
@@ -124,13 +124,11 @@ def _key_structure(keys) -> set[str]:
 
 
 def _families(names: list[str]) -> dict[str, list[str]]:
-    try:
-        from timm.models._registry import _model_to_module
-    except ImportError:  # pragma: no cover - older or newer timm: every model is its own family
-        return {name: [name] for name in names}
+    from linvit.io import model_family
+
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(_model_to_module.get(name, name), []).append(name)
+        groups.setdefault(model_family(name) or name, []).append(name)
     return groups
 
 
@@ -199,7 +197,7 @@ def convert_checkpoint(
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
-    from linvit.models._checkpoint import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import extract_model_state_dict, load_checkpoint_file
 
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)

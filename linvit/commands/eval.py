@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from linvit.models._checkpoint import UntrustedCheckpointError
+    from linvit.io import UntrustedCheckpointError
     from linvit.train.export import find_checkpoint, load_checkpoint
     from linvit.train.module import ImageClassifier
     from linvit.utils.saved_config import UntrustedConfigError, check_classifier_hparams, check_targets

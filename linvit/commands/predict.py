@@ -79,7 +79,7 @@ def infer_classes_and_channels(
     checkpoint: str | Path, classifier: str | None, first_conv: str | None
 ) -> tuple[int | None, int | None]:
     """Classifier width and input channels read from the weights (the cfg's layer names, or usual ones)."""
-    from linvit.models._checkpoint import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import extract_model_state_dict, load_checkpoint_file
 
     state = extract_model_state_dict(load_checkpoint_file(checkpoint))
     num_classes = in_chans = None
@@ -188,7 +188,7 @@ def predict(
     import torch
     from safetensors import SafetensorError
 
-    from linvit.models._checkpoint import CheckpointError
+    from linvit.io import CheckpointError
 
     if not Path(image).is_file():
         raise FileNotFoundError(f"image {image!r} does not exist")

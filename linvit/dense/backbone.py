@@ -47,7 +47,7 @@ def load_checkpoint_state_dict(name: str, path: str | os.PathLike) -> dict[str, 
     model's own ``checkpoint_filter_fn`` (timm's pretrained path)."""
     import timm
 
-    from linvit.models._checkpoint import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import extract_model_state_dict, load_checkpoint_file
 
     state_dict = extract_model_state_dict(load_checkpoint_file(path))
     with torch.device("meta"):

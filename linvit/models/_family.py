@@ -21,7 +21,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from linvit.attention import FocusedLinearAttention, resize_positional_table, square_grid
-from linvit.models._checkpoint import build_model_loading_safely, extract_model_state_dict, load_pretrained_file
+from linvit.io import build_model_loading_safely, extract_model_state_dict, load_pretrained_file
 
 __all__ = [
     "PretrainedFileMixin",
@@ -48,7 +48,7 @@ def family_checkpoint_filter(model: nn.Module) -> CheckpointFilter | None:
 class PretrainedFileMixin:
     """``load_pretrained(path)``, timm's hook for ``pretrained_cfg['custom_load']``: reads the file safely, maps it
     with the family's ``checkpoint_filter_fn`` (authors' keys, table sizes), adapts stem and classifier, checks that
-    it fits (see `linvit.models._checkpoint.load_pretrained_file`)."""
+    it fits (see `linvit.io.load_pretrained_file`)."""
 
     @torch.jit.ignore
     def load_pretrained(self, checkpoint_path: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from linvit.models._checkpoint import UntrustedCheckpointError
+from linvit.io import UntrustedCheckpointError
 from linvit.utils.saved_config import check_classifier_hparams
 
 WEIGHTS_NAME = "model.safetensors"

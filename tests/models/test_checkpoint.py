@@ -9,7 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from linvit.models._checkpoint import (
+from linvit.io import (
     CheckpointError,
     UntrustedCheckpointError,
     extract_model_state_dict,

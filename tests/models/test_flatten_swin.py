@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import linvit.models  # noqa: F401  (registers the models)
-from linvit.models._checkpoint import UntrustedCheckpointError
+from linvit.io import UntrustedCheckpointError
 from linvit.models.flatten_swin import FlattenSwin
 from linvit.utils import count_macs, count_params
 

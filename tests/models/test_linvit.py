@@ -197,7 +197,7 @@ def test_forward_head_pre_logits():
 
 
 def test_group_matcher_and_no_weight_decay():
-    from timm.models._manipulate import group_parameters
+    from timm.models import group_parameters
 
     model = _nano()
     fine = group_parameters(model, model.group_matcher(coarse=False))

@@ -4,9 +4,9 @@ import re
 
 import timm
 import torch
-from timm.models._registry import _model_to_module
 
 import linvit  # noqa: F401  (registers the models)
+from linvit.io import model_family
 
 
 def linvit_model_names() -> list[str]:
@@ -26,7 +26,7 @@ def smallest_variant_per_family() -> list[str]:
     """One registered name per model file (family): the smallest by its size word (nano < b0 < tiny < ...)."""
     families: dict[str, list[str]] = {}
     for name in linvit_model_names():
-        families.setdefault(_model_to_module.get(name, name), []).append(name)
+        families.setdefault(model_family(name) or name, []).append(name)
     return sorted(min(names, key=_size_rank) for names in families.values())
 
 
@@ -43,5 +43,5 @@ SHALLOW_KWARGS = {
 
 def create_shallow(name: str, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name)`` with fewer blocks (SHALLOW_KWARGS) where its family is known."""
-    shallow = SHALLOW_KWARGS.get(_model_to_module.get(name, ""), {})
+    shallow = SHALLOW_KWARGS.get(model_family(name) or "", {})
     return timm.create_model(name, **{"pretrained": False, **shallow, **kwargs})

@@ -14,7 +14,7 @@ from _families import create_shallow, smallest_variant_per_family
 from safetensors.torch import save_file
 
 import linvit  # noqa: F401
-from linvit.models._checkpoint import CheckpointError, UntrustedCheckpointError, load_pretrained_file
+from linvit.io import CheckpointError, UntrustedCheckpointError, load_pretrained_file
 from linvit.train.hydra_app import config_dir
 
 CONFIGS = config_dir()  # the configs linvit ships (linvit/configs)

@@ -10,9 +10,9 @@ import pytest
 import timm
 import torch
 from _families import linvit_model_names, smallest_variant_per_family
-from timm.models._registry import _model_to_module
 
 import linvit  # noqa: F401  (registers the models)
+from linvit.io import model_family
 from linvit.models._validation import check_image_batch, min_size_pair
 
 
@@ -76,7 +76,7 @@ def test_check_image_batch_is_torchscript_and_fx_safe():
         scripted(x[0])
     graph = torch.fx.symbolic_trace(_Entry())  # plain torch.fx, no timm leaf registry
     assert torch.equal(graph(x), x * 2)
-    from timm.models._features_fx import create_feature_extractor
+    from timm.models import create_feature_extractor
 
     extractor = create_feature_extractor(_Entry(), return_nodes={"mul": "out"})
     assert torch.equal(extractor(x)["out"], x * 2)
@@ -100,7 +100,7 @@ NOT_CHECKING_YET: dict[str, str] = {}  # every family checks its input now
 def _params(names: list[str]) -> list:
     params = []
     for name in names:
-        reason = NOT_CHECKING_YET.get(_model_to_module.get(name, ""))
+        reason = NOT_CHECKING_YET.get(model_family(name) or "")
         marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params

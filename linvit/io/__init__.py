@@ -1,0 +1,39 @@
+"""Checkpoint I/O, shared by the model families, ``linvit.dense``, ``linvit.train`` and the ``linvit`` commands.
+
+- :mod:`~linvit.io.safe_load`: :func:`load_checkpoint_file` reads ``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors``
+  files without running code from them (pickled training configs come back inert; anything else is refused unless
+  ``trusted=True``); :mod:`~linvit.io.pickle_scan` says what an unreadable or refused file holds;
+- :mod:`~linvit.io.state_dict`: the weights inside a checkpoint (training-checkpoint entries, EMA, wrapper prefixes)
+  and how a state dict differs from a model's;
+- :mod:`~linvit.io.pretrained`: a weight file into a timm model (``load_pretrained``, the ``trusted`` opt-in of
+  ``timm.create_model``); :mod:`~linvit.io.families`: the registered variants a file may fit instead;
+- :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError) and :class:`UntrustedCheckpointError`.
+
+Imports torch, timm and safetensors only (no other room of linvit).
+"""
+
+from linvit.io.errors import CheckpointError, UntrustedCheckpointError
+from linvit.io.families import family_models, model_family
+from linvit.io.pretrained import build_model_loading_safely, load_pretrained_file, route_pretrained_to_model
+from linvit.io.safe_load import load_checkpoint_file
+from linvit.io.state_dict import (
+    describe_mismatch,
+    extract_model_state_dict,
+    state_dict_mismatch,
+    strip_wrapper_prefixes,
+)
+
+__all__ = [
+    "CheckpointError",
+    "UntrustedCheckpointError",
+    "build_model_loading_safely",
+    "describe_mismatch",
+    "extract_model_state_dict",
+    "family_models",
+    "load_checkpoint_file",
+    "load_pretrained_file",
+    "model_family",
+    "route_pretrained_to_model",
+    "state_dict_mismatch",
+    "strip_wrapper_prefixes",
+]

@@ -1,0 +1,188 @@
+"""A weight file into a timm model: what a family's ``load_pretrained`` and ``timm.create_model(..., pretrained=True)``
+run for linvit's families.
+
+A family's model defines ``load_pretrained(self, checkpoint_path)`` that calls :func:`load_pretrained_file`, and its
+``_create_*`` function builds through :func:`build_model_loading_safely` (timm's ``build_model_with_cfg`` with the
+kwargs passed through :func:`route_pretrained_to_model`: timm 1.0.31 resets ``custom_load`` to False when
+``pretrained_cfg_overlay`` names a ``file`` or ``url``; this sets it back). timm's ``load_pretrained`` then hands the
+file to the model instead of reading it with its own loader (which refuses the pickled config, prefers EMA weights and
+fails on a bad file with a bare ``EOFError``/``KeyError``), so
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the authors' raw files,
+safetensors from ``linvit convert``, and plain state dicts alike, and a bad file is a short
+:class:`~linvit.io.CheckpointError` naming it. ``timm.create_model(..., trusted=True)`` is the opt-in for a pickle
+that runs code.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from linvit.io.errors import CheckpointError, short_message
+from linvit.io.families import family_models
+from linvit.io.safe_load import load_checkpoint_file
+from linvit.io.state_dict import describe_mismatch, extract_model_state_dict, state_dict_mismatch
+
+__all__ = ["build_model_loading_safely", "load_pretrained_file", "route_pretrained_to_model"]
+
+_logger = logging.getLogger(__name__)
+
+CheckpointFilter = Callable[[dict[str, torch.Tensor], nn.Module], dict[str, torch.Tensor]]
+
+
+def _adapt_classifier_and_stem(
+    state_dict: dict[str, torch.Tensor], model: nn.Module, pretrained_cfg: Mapping[str, Any]
+) -> set[str]:
+    """Adapt the first conv to the model's input channels; drop a classifier whose shape differs (new class count).
+
+    Returns the keys that may then be missing from the state dict.
+    """
+    from timm.models import adapt_input_conv
+
+    allowed_missing: set[str] = set()
+    model_state = model.state_dict()
+    first_conv = pretrained_cfg.get("first_conv")
+    for conv_name in (first_conv,) if isinstance(first_conv, str) else tuple(first_conv or ()):
+        weight_name = f"{conv_name}.weight"
+        if weight_name in state_dict and weight_name in model_state:
+            target_chans = model_state[weight_name].shape[1]
+            if state_dict[weight_name].shape[1] != target_chans:
+                state_dict[weight_name] = adapt_input_conv(target_chans, state_dict[weight_name])
+    classifier = pretrained_cfg.get("classifier")
+    for head_name in (classifier,) if isinstance(classifier, str) else tuple(classifier or ()):
+        for suffix in ("weight", "bias"):
+            name = f"{head_name}.{suffix}"
+            if name in state_dict and (name not in model_state or model_state[name].shape != state_dict[name].shape):
+                del state_dict[name]
+                allowed_missing.add(name)
+    return allowed_missing
+
+
+def _variants_that_fit(
+    model: nn.Module, state_dict: dict[str, torch.Tensor], filter_fn: CheckpointFilter | None
+) -> list[str]:
+    """Registered models of ``model``'s family (built on the meta device) that ``state_dict`` fits exactly."""
+    import timm
+
+    architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    fits = []
+    for name in family_models(architecture) if architecture else []:
+        try:
+            candidate = timm.create_model(name, pretrained=False, device="meta")
+            mapped = filter_fn(dict(state_dict), candidate) if filter_fn is not None else state_dict
+            missing, unexpected, mismatched = state_dict_mismatch(mapped, candidate.state_dict())
+        except Exception:  # a variant that cannot be built or mapped is simply not a suggestion
+            continue
+        classifier = candidate.pretrained_cfg.get("classifier") or ()
+        heads = tuple(f"{head}." for head in ((classifier,) if isinstance(classifier, str) else classifier))
+        mismatched = [item for item in mismatched if not item[0].startswith(heads)]  # class counts may differ
+        missing = [key for key in missing if not key.startswith(heads)]
+        if not unexpected and not mismatched and not missing:
+            fits.append(name)
+    return fits
+
+
+def load_pretrained_file(
+    model: nn.Module,
+    path: str | os.PathLike,
+    filter_fn: CheckpointFilter | None = None,
+    *,
+    use_ema: bool = False,
+    trusted: bool | None = None,
+    strict: bool = True,
+) -> None:
+    """Load a foreign or native checkpoint file into ``model`` (what a model's ``load_pretrained`` calls).
+
+    Reads the file safely (:func:`linvit.io.load_checkpoint_file`), unwraps the weights
+    (:func:`linvit.io.extract_model_state_dict`), applies the family's ``filter_fn(state_dict, model)`` (key mapping,
+    table resizing), adapts the stem to the model's input channels and drops a classifier of another size, then
+    compares names and shapes with the model before touching it: any difference raises a short
+    :class:`~linvit.io.CheckpointError` (counts, first few names, the registered variant the file fits) and leaves
+    the model as it was. ``strict=False`` loads what matches. ``trusted=None`` takes the choice made at creation
+    (``timm.create_model(..., trusted=True)``), else False.
+    """
+    if trusted is None:
+        trusted = _TRUSTED_LOAD.get()
+    checkpoint = load_checkpoint_file(path, trusted=trusted, map_location="cpu")
+    pretrained_cfg = getattr(model, "pretrained_cfg", None) or {}
+    architecture = pretrained_cfg.get("architecture")
+    target = f"{architecture} ({type(model).__name__})" if architecture else type(model).__name__
+    try:
+        raw_state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+        state_dict = filter_fn(dict(raw_state_dict), model) if filter_fn is not None else raw_state_dict
+    except (ValueError, KeyError, IndexError, RuntimeError, TypeError) as error:  # the family filter on foreign keys
+        raise CheckpointError(
+            f"Checkpoint '{path}' holds no weights {target} can use: {short_message(error, limit=400)}"
+        ) from error
+    allowed_missing = _adapt_classifier_and_stem(state_dict, model, pretrained_cfg)
+    missing, unexpected, mismatched = state_dict_mismatch(state_dict, model.state_dict())
+    missing = [key for key in missing if key not in allowed_missing]
+    if strict and (missing or unexpected or mismatched):
+        fits = _variants_that_fit(model, raw_state_dict, filter_fn)
+        if fits:
+            hint = (
+                f"The file fits {', '.join(fits)}: create that model instead, e.g. timm.create_model('{fits[0]}', "
+                "pretrained=True, pretrained_cfg_overlay=dict(file=...))."
+            )
+        else:
+            hint = (
+                "Create the variant the file was saved from (same widths and depths), or run "
+                f"`linvit convert {path} OUT.safetensors`, which names the registered model that fits it."
+            )
+        raise CheckpointError(
+            f"Checkpoint '{path}' does not match {target}: {describe_mismatch(missing, unexpected, mismatched)}. {hint}"
+        )
+    if mismatched:  # strict=False: load what fits, leave the rest at its initialisation
+        _logger.warning("Skipping %s", describe_mismatch([], [], mismatched))
+        for key, _, _ in mismatched:
+            del state_dict[key]
+    model.load_state_dict(state_dict, strict=False)
+    if allowed_missing:
+        _logger.info("Classifier left at its initialisation (class count differs from the checkpoint).")
+
+
+_FILE_SOURCES = ("file", "url")
+
+# `trusted=` given to timm.create_model, for the model's load_pretrained (timm calls it with the path only)
+_TRUSTED_LOAD: contextvars.ContextVar[bool] = contextvars.ContextVar("linvit_trusted_load", default=False)
+
+
+def route_pretrained_to_model(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Make timm hand a user-supplied weight ``file``/``url`` to the model's own ``load_pretrained``.
+
+    timm resets ``custom_load`` to False when ``pretrained_cfg_overlay`` (or a ``pretrained_cfg`` dict) names a
+    weight source; this sets it to True unless the caller chose a value. Returns a new kwargs dict.
+    """
+    kwargs = dict(kwargs)
+    for key in ("pretrained_cfg_overlay", "pretrained_cfg"):
+        cfg = kwargs.get(key)
+        if isinstance(cfg, Mapping) and any(cfg.get(source) for source in _FILE_SOURCES):
+            cfg = dict(cfg)
+            cfg.setdefault("custom_load", True)
+            kwargs[key] = cfg
+    return kwargs
+
+
+def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    """timm's ``build_model_with_cfg`` for a linvit family, with a weight file read by the model's own safe loader.
+
+    ``kwargs`` go to ``build_model_with_cfg`` through :func:`route_pretrained_to_model`, less ``trusted`` (default
+    False): ``trusted=True`` lets :func:`load_pretrained_file` unpickle a file that runs code, for files the user
+    trusts, e.g. ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), trusted=True)``.
+    """
+    from timm.models import build_model_with_cfg
+
+    trusted = kwargs.pop("trusted", False)
+    if not isinstance(trusted, bool):
+        raise TypeError(f"trusted must be True or False, got {trusted!r} ({type(trusted).__name__})")
+    token = _TRUSTED_LOAD.set(trusted)
+    try:
+        return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
+    finally:
+        _TRUSTED_LOAD.reset(token)
