@@ -1,8 +1,9 @@
 """Functional operator cores with interchangeable backends: "naive" (reference), "torch" (eager), "triton" (fused).
 
-One folder per operator, each with `naive.py`, `torch.py` and `triton.py` behind one keyword-only signature (the
-layout of flash-linear-attention). Modules in :mod:`linvit.attention` hold the parameters and call these; choose
-the implementation per module (``backend=``) or for the whole process::
+One folder per operator, each with `naive.py`, `torch.py` and (where fused kernels pay) `triton.py` behind one
+keyword-only signature (the layout of flash-linear-attention): `linear_attention` (focused, ReLU, ELU+1), `nystrom`
+(Nyströmformer) and `linformer` (Linformer). Modules in :mod:`linvit.attention` hold the parameters and call these;
+choose the implementation per module (``backend=``) or for the whole process::
 
     import linvit.ops
 
@@ -15,12 +16,16 @@ the implementation per module (``backend=``) or for the whole process::
 
 from linvit.ops._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
 from linvit.ops.linear_attention import FEATURE_MAPS, linear_attention_qkv
+from linvit.ops.linformer import linformer_attention_qkv
+from linvit.ops.nystrom import nystrom_attention_qkv
 
 __all__ = [
     "BACKENDS",
     "FEATURE_MAPS",
     "get_backend",
     "linear_attention_qkv",
+    "linformer_attention_qkv",
+    "nystrom_attention_qkv",
     "resolve_backend",
     "set_backend",
     "triton_available",
