@@ -1,4 +1,6 @@
-"""``linvit eval RUN_DIR``: top-1/top-5 of a training run's checkpoint on its test (or validation) split."""
+"""``linvit eval RUN_DIR``: a training run's checkpoint on its test (or validation) split: top-1/top-5 of a
+classification run, mIoU of a segmentation run. The run's DataModule is built from its ``config.yaml`` through
+linvit's allow-list (:mod:`linvit.train.saved_run`), without Hydra."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-HELP = "Evaluate a training run's checkpoint (raw and EMA weights) on the run's data: top-1, top-5, loss."
+HELP = "Evaluate a training run's checkpoint on the run's data: top-1, top-5 (raw and EMA weights) or mIoU; loss."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,27 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# Runs saved before these options existed trained on every training image: their test split is what it was then
-# (not a share of train held out, which that model trained on; not a CIFAR validation split).
-_OPTIONS_OF_OLDER_RUNS = {
-    "linvit.train.datamodules.ImageFolderDataModule": {"test_fraction": 0},
-    "linvit.train.datamodules.CIFARDataModule": {"val_size": 0},
-}
-
-
 def _run_dir(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
 def run(args: argparse.Namespace) -> int:
     import lightning.pytorch as pl
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from linvit.io import UntrustedCheckpointError
     from linvit.train.export import find_checkpoint, load_checkpoint
-    from linvit.train.module import ImageClassifier
-    from linvit.utils.saved_config import UntrustedConfigError, check_classifier_hparams, check_targets
+    from linvit.train.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
+    from linvit.utils.saved_config import UntrustedConfigError
 
     try:
         checkpoint = find_checkpoint(args.run, args.checkpoint)
@@ -67,36 +59,34 @@ def run(args: argparse.Namespace) -> int:
     if not config_path.is_file():
         sys.stderr.write(f"linvit eval: {config_path} not found: the run directory's resolved config is needed.\n")
         return 2
-    data_cfg = OmegaConf.load(config_path).data
-    for key, value in _OPTIONS_OF_OLDER_RUNS.get(str(data_cfg.get("_target_")), {}).items():
-        if key not in data_cfg:
-            data_cfg[key] = value
+    config = load_run_config(config_path)
+    data_cfg = config.get("data") or {}
     for item in args.data:
         key, sep, value = item.partition("=")
         if not sep:
             sys.stderr.write(f"linvit eval: --data expects KEY=VALUE, got {item!r}\n")
             return 2
-        OmegaConf.update(data_cfg, key, OmegaConf.create({"v": value}).v if value else None)
+        set_option(data_cfg, key, value)
     if args.batch_size:
-        data_cfg.eval_batch_size = args.batch_size
+        data_cfg["eval_batch_size"] = args.batch_size
     if args.num_workers is not None:
-        data_cfg.num_workers = args.num_workers
-        data_cfg.persistent_workers = False
+        data_cfg["num_workers"] = args.num_workers
+        data_cfg["persistent_workers"] = False
     try:
         # a run directory is data from someone: build only linvit's own classes from it (unless --trusted)
-        if not args.trusted:
-            check_targets(data_cfg, config_path, prefix="data")
+        datamodule = build_from_config(data_cfg, config_path, trusted=args.trusted, prefix="data")
         saved = load_checkpoint(checkpoint, trusted=args.trusted, opt_in="--trusted")
-        hparams = dict(saved.get("hyper_parameters") or {})
-        if not args.trusted:
-            check_classifier_hparams(hparams, checkpoint)
+        # the weights come from the checkpoint: never fetch pretrained ones first
+        model = module_from_checkpoint(
+            saved,
+            (config.get("model") or {}).get("_target_"),
+            checkpoint,
+            trusted=args.trusted,
+            datamodule=datamodule,
+        )
     except (UntrustedConfigError, UntrustedCheckpointError) as error:
         sys.stderr.write(f"linvit eval: {error}\n")
         return 2
-    datamodule = instantiate(data_cfg)
-    # the weights come from the checkpoint: never fetch pretrained ones first
-    model = ImageClassifier(**{**hparams, "pretrained": False})
-    model.load_state_dict(saved["state_dict"])
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,
@@ -115,6 +105,6 @@ def run(args: argparse.Namespace) -> int:
         stream.flush()
     else:
         for key in sorted(metrics):
-            if key.endswith("acc1") or key.endswith("acc5"):
+            if key.endswith(("acc1", "acc5", "mIoU")):
                 sys.stdout.write(f"{key}: {100 * metrics[key]:.2f}%\n")
     return 0

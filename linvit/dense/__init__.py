@@ -1,5 +1,6 @@
 """Dense prediction on any linvit/timm backbone: NCHW feature backbones, FPN, torchvision detection adapters,
-semantic segmentation (model, Lightning module, folder DataModule, synthetic task) and feature extraction."""
+semantic segmentation (models, the image/mask folder with its paired transforms, a synthetic task) and feature
+extraction. Torch only: training these (Lightning) lives in :mod:`linvit.train` (``seg_module``, ``seg_data``)."""
 
 from linvit.dense.backbone import FeatureBackbone, check_model_name, create_feature_backbone
 from linvit.dense.detection import (
@@ -11,6 +12,7 @@ from linvit.dense.detection import (
     roi_pooler_for,
 )
 from linvit.dense.fpn import FPN
+from linvit.dense.seg_folder import IGNORE_INDEX, PairedTransform, SegmentationFolder
 from linvit.dense.segmentation import (
     SEGMENTATION_HEADS,
     SegmentationModel,
@@ -21,9 +23,12 @@ from linvit.dense.segmentation import (
 
 __all__ = [
     "FPN",
+    "IGNORE_INDEX",
     "SEGMENTATION_HEADS",
     "DetectionBackbone",
     "FeatureBackbone",
+    "PairedTransform",
+    "SegmentationFolder",
     "SegmentationModel",
     "SemanticFPNHead",
     "UPerNetHead",

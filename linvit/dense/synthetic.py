@@ -3,7 +3,7 @@
 Classes: 0 background, 1 disc, 2 square, 3 triangle (``num_classes`` ≤ 4 uses the first ones). Each shape class
 has its own hue (jittered) and texture; the background is smooth coloured noise. A one-pixel band around every
 shape is marked 255 (ignored), as in real datasets whose boundaries are uncertain. Written as PNGs in the folder
-layout :class:`linvit.dense.seg_data.SegmentationFolder` reads: ``root/{train,val,test}/{images,masks}/<stem>.png``.
+layout :class:`linvit.dense.seg_folder.SegmentationFolder` reads: ``root/{train,val,test}/{images,masks}/<stem>.png``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from linvit.dense.seg_folder import IGNORE_INDEX
+
 __all__ = ["SYNTHETIC_CLASS_NAMES", "generate_synthetic_segmentation", "render_synthetic_sample"]
 
 SYNTHETIC_CLASS_NAMES = ("background", "disc", "square", "triangle")
-IGNORE_INDEX = 255
 _HUES = {1: (0.9, 0.25, 0.2), 2: (0.2, 0.75, 0.3), 3: (0.25, 0.35, 0.95)}
 
 

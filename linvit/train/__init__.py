@@ -1,4 +1,5 @@
-"""Training with Lightning + Hydra: the LightningModule, DataModules, callbacks and export.
+"""Training with Lightning + Hydra: the LightningModules (classification: :mod:`~linvit.train.module`; semantic
+segmentation: :mod:`~linvit.train.seg_module`), their DataModules, the shared recipe pieces, callbacks and export.
 
 ``python train.py`` and ``linvit train`` (the Hydra app of :mod:`linvit.train.hydra_app`, ``train.yaml`` of the
 configs the package ships as ``linvit/configs``) build four objects from the config, each by ``_target_``
@@ -28,7 +29,8 @@ DataModule and LightningModule through ``configs/data/<name>.yaml``, ``configs/m
    data's preprocessing (:class:`~linvit.train.datamodules.ClassificationDataModule`); set
    ``export.enabled=false`` for other tasks.
 
-Nothing here needs Hydra except :mod:`linvit.train.run` and :mod:`linvit.train.hydra_app`.
+Nothing here needs Hydra except :mod:`linvit.train.run` and :mod:`linvit.train.hydra_app`; a saved run's objects
+are built again without it (:mod:`linvit.train.saved_run`).
 """
 
 from linvit.train.datamodules import (
@@ -39,6 +41,8 @@ from linvit.train.datamodules import (
     ImageFolderDataModule,
 )
 from linvit.train.module import ImageClassifier
+from linvit.train.seg_data import SegmentationDataModule
+from linvit.train.seg_module import SegmentationModule
 
 __all__ = [
     "CIFARDataModule",
@@ -47,4 +51,6 @@ __all__ = [
     "FashionMNISTDataModule",
     "ImageClassifier",
     "ImageFolderDataModule",
+    "SegmentationDataModule",
+    "SegmentationModule",
 ]

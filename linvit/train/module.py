@@ -9,7 +9,6 @@ weights), top-1/top-5 from torchmetrics. Gradient clipping, precision and accumu
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import timm
@@ -21,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from linvit.models import check_model_name
 from linvit.train._hparams import make_hparams_plain
+from linvit.train.recipe import WarmupCosine, merge_options
 
 _log = logging.getLogger(__name__)
 
@@ -48,14 +48,6 @@ MIXUP_DEFAULTS: dict[str, Any] = {
     "mode": "batch",
 }
 EMA_DEFAULTS: dict[str, Any] = {"enabled": False, "decay": 0.9998, "warmup": True, "evaluate": True}
-
-
-def _merge(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) -> dict[str, Any]:
-    given = dict(given or {})
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise TypeError(f"unknown {what} option(s) {unknown}; expected some of {sorted(defaults)}.")
-    return {**defaults, **given}
 
 
 class ImageClassifier(LightningModule):
@@ -96,11 +88,11 @@ class ImageClassifier(LightningModule):
         import linvit  # noqa: F401  (registers linvit models with timm)
 
         self.optimizer_cfg = {**OPTIMIZER_DEFAULTS, **dict(optimizer or {})}
-        self.scheduler_cfg = _merge(SCHEDULER_DEFAULTS, scheduler, "scheduler")
+        self.scheduler_cfg = merge_options(SCHEDULER_DEFAULTS, scheduler, "scheduler")
         if self.scheduler_cfg["sched"] not in ("cosine", "constant"):
             raise ValueError(f"scheduler.sched must be 'cosine' or 'constant', got {self.scheduler_cfg['sched']!r}.")
-        self.mixup_cfg = _merge(MIXUP_DEFAULTS, mixup, "mixup")
-        self.ema_cfg = _merge(EMA_DEFAULTS, ema, "ema")
+        self.mixup_cfg = merge_options(MIXUP_DEFAULTS, mixup, "mixup")
+        self.ema_cfg = merge_options(EMA_DEFAULTS, ema, "ema")
         self.label_smoothing = float(label_smoothing)
         self.num_classes = int(num_classes)
 
@@ -225,7 +217,7 @@ class ImageClassifier(LightningModule):
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         steps_per_epoch = max(1, total_steps // max_epochs)
         warmup_steps = min(total_steps - 1, int(round(self.scheduler_cfg["warmup_epochs"] * steps_per_epoch)))
-        schedule = _WarmupCosine(
+        schedule = WarmupCosine(
             total_steps=total_steps,
             warmup_steps=max(0, warmup_steps),
             warmup_factor=self.scheduler_cfg["warmup_lr"] / lr if lr > 0 else 1.0,
@@ -278,22 +270,3 @@ class _GeneratorState:
         generator = torch.Generator(device=self.device)
         generator.set_state(torch.frombuffer(bytearray(self.state), dtype=torch.uint8))
         return generator
-
-
-class _WarmupCosine:
-    """lr factor at optimizer step ``t``: linear warm-up from ``warmup_factor`` to 1, then cosine to ``min_factor``.
-
-    A class (not a lambda) so that the scheduler pickles for ``ddp_spawn`` and checkpoints.
-    """
-
-    def __init__(self, total_steps: int, warmup_steps: int, warmup_factor: float, min_factor: float, cosine: bool):
-        self.total_steps, self.warmup_steps = total_steps, warmup_steps
-        self.warmup_factor, self.min_factor, self.cosine = warmup_factor, min(min_factor, 1.0), cosine
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.warmup_factor + (1.0 - self.warmup_factor) * step / self.warmup_steps
-        if not self.cosine:
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_factor + (1.0 - self.min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,12 +1,13 @@
 """Lightning module for semantic segmentation on any linvit/timm backbone (cross-entropy, mIoU from torchmetrics).
 
-Hydra: ``configs/model/seg_*.yaml`` sets ``_target_: linvit.dense.seg_module.SegmentationModule``; ``train.py``
+The model is :func:`linvit.dense.create_segmentation_model` (backbone + FPN / UPerNet head); this module trains it
+beside the classifier of :mod:`linvit.train.module`, with the same recipe helpers (:mod:`linvit.train.recipe`).
+Hydra: ``configs/model/seg_*.yaml`` sets ``_target_: linvit.train.seg_module.SegmentationModule``; ``train.py``
 instantiates it with the DataModule from ``configs/data/seg_*.yaml``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,34 +17,14 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 from torchmetrics.classification import MulticlassJaccardIndex
 
-from linvit.dense.seg_data import IGNORE_INDEX
+from linvit.dense.seg_folder import IGNORE_INDEX
 from linvit.dense.segmentation import create_segmentation_model
+from linvit.train.recipe import WarmupCosine, merge_options
 
 __all__ = ["SegmentationModule"]
 
 OPTIMIZER_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "weight_decay": 0.01, "backbone_lr_mult": 1.0, "betas": (0.9, 0.999)}
 SCHEDULER_DEFAULTS: dict[str, Any] = {"warmup_fraction": 0.05, "min_lr_ratio": 0.01}
-
-
-def _merged(defaults: dict[str, Any], given: dict[str, Any] | None, what: str) -> dict[str, Any]:
-    given = dict(given or {})
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise TypeError(f"Unknown {what} option(s) {unknown}; expected some of {sorted(defaults)}.")
-    return {**defaults, **given}
-
-
-class _WarmupCosine:
-    """lr factor at optimizer step ``t``: linear warm-up then cosine to ``min_ratio`` (a class so it pickles)."""
-
-    def __init__(self, total_steps: int, warmup_steps: int, min_ratio: float) -> None:
-        self.total_steps, self.warmup_steps, self.min_ratio = max(1, total_steps), warmup_steps, min_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / (self.warmup_steps + 1)
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class SegmentationModule(LightningModule):
@@ -81,8 +62,8 @@ class SegmentationModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.optimizer_cfg = _merged(OPTIMIZER_DEFAULTS, optimizer, "optimizer")
-        self.scheduler_cfg = _merged(SCHEDULER_DEFAULTS, scheduler, "scheduler")
+        self.optimizer_cfg = merge_options(OPTIMIZER_DEFAULTS, optimizer, "optimizer")
+        self.scheduler_cfg = merge_options(SCHEDULER_DEFAULTS, scheduler, "scheduler")
         self.num_classes = int(num_classes)
         self.ignore_index = int(ignore_index)
         self._given_class_names = list(class_names) if class_names else None
@@ -177,8 +158,11 @@ class SegmentationModule(LightningModule):
             )
             group["params"].append(parameter)
         optimizer = torch.optim.AdamW(list(groups.values()), lr=lr, betas=tuple(cfg["betas"]))
-        total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
-        warmup = int(round(self.scheduler_cfg["warmup_fraction"] * total))
-        schedule = _WarmupCosine(total, min(warmup, max(0, total - 1)), float(self.scheduler_cfg["min_lr_ratio"]))
+        total = max(1, int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1)
+        warmup = min(int(round(self.scheduler_cfg["warmup_fraction"] * total)), total - 1)
+        # warm-up from 1 / (warmup + 1) of the lr: the first step already moves the weights
+        schedule = WarmupCosine(
+            total, warmup, 1.0 / (warmup + 1), float(self.scheduler_cfg["min_lr_ratio"]), cosine=True
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

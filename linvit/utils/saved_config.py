@@ -37,10 +37,10 @@ TRUSTED_TARGETS: frozenset[str] = frozenset(
         "linvit.train.datamodules.FashionMNISTDataModule",
         "linvit.train.datamodules.ImageFolderDataModule",
         "linvit.train.datamodules.CIFARDataModule",
-        "linvit.dense.seg_data.SegmentationDataModule",
+        "linvit.train.seg_data.SegmentationDataModule",
         # LightningModules: classification, and segmentation (backbone + its FPN / UperNet head)
         "linvit.train.module.ImageClassifier",
-        "linvit.dense.seg_module.SegmentationModule",
+        "linvit.train.seg_module.SegmentationModule",
     }
 )
 """The classes a saved config may name in ``_target_`` without an opt-in: linvit's DataModules and models."""

@@ -53,8 +53,8 @@ def test_labels_of_configs_outside_the_project():
 
 
 def test_segmentation_class_names_come_from_the_data(tmp_path):
-    from linvit.dense.seg_data import SegmentationDataModule
-    from linvit.dense.seg_module import SegmentationModule
+    from linvit.train.seg_data import SegmentationDataModule
+    from linvit.train.seg_module import SegmentationModule
 
     synthetic = SegmentationDataModule(tmp_path / "s", num_classes=3, synthetic={"num_train": 1})
     assert synthetic.class_names == ["background", "disc", "square"]

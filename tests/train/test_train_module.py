@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.train.module import ImageClassifier, _WarmupCosine
+from linvit.train.module import ImageClassifier
+from linvit.train.recipe import WarmupCosine
 
 
 def test_warmup_cosine_schedule():
-    schedule = _WarmupCosine(total_steps=110, warmup_steps=10, warmup_factor=0.01, min_factor=0.1, cosine=True)
+    schedule = WarmupCosine(total_steps=110, warmup_steps=10, warmup_factor=0.01, min_factor=0.1, cosine=True)
     assert schedule(0) == pytest.approx(0.01)
     assert schedule(5) == pytest.approx(0.01 + 0.99 * 0.5)
     assert schedule(10) == pytest.approx(1.0)

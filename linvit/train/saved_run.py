@@ -1,0 +1,188 @@
+"""A saved run's objects built again without Hydra: its ``config.yaml`` read as plain data, the DataModule it names
+built through linvit's allow-list, and its LightningModule rebuilt from the checkpoint's hyper-parameters.
+
+``linvit eval`` uses these. Hydra's ``instantiate`` imports and calls whatever a ``_target_`` names; here every
+``_target_`` is checked against :data:`linvit.utils.saved_config.TRUSTED_TARGETS` first (``trusted=True`` skips
+the check, for runs you trust), and classes that moved keep working under the name older runs saved
+(:data:`RENAMED_TARGETS`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RENAMED_TARGETS",
+    "build_from_config",
+    "current_target",
+    "load_run_config",
+    "module_from_checkpoint",
+    "set_option",
+]
+
+RENAMED_TARGETS: dict[str, str] = {
+    # segmentation training moved beside classification training (dense/ holds no Lightning code)
+    "linvit.dense.seg_data.SegmentationDataModule": "linvit.train.seg_data.SegmentationDataModule",
+    "linvit.dense.seg_module.SegmentationModule": "linvit.train.seg_module.SegmentationModule",
+}
+"""``_target_`` names that runs saved before a class moved still carry, and the class's name now."""
+
+# Options that runs saved before they existed did not record, with the value that reproduces those runs: they
+# trained on every training image, so their test split is what it was then (not a share of train held out, which
+# that model trained on; not a CIFAR validation split).
+_OPTIONS_OF_OLDER_RUNS = {
+    "linvit.train.datamodules.ImageFolderDataModule": {"test_fraction": 0},
+    "linvit.train.datamodules.CIFARDataModule": {"val_size": 0},
+}
+# Hydra keys a saved node may carry besides its target: arguments are always plain containers here (`_convert_`)
+_SPECIAL_KEYS = ("_target_", "_args_", "_partial_", "_convert_")
+_CLASSIFIER = "linvit.train.module.ImageClassifier"
+_SEGMENTER = "linvit.train.seg_module.SegmentationModule"
+
+
+def current_target(name: Any) -> Any:
+    """The name a ``_target_`` has now (see :data:`RENAMED_TARGETS`); any other value as it is."""
+    return RENAMED_TARGETS.get(name, name) if isinstance(name, str) else name
+
+
+def _with_current_targets(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return {
+            key: current_target(value) if key == "_target_" else _with_current_targets(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, (list, tuple)):
+        return [_with_current_targets(value) for value in node]
+    return node
+
+
+def load_run_config(path: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` (written resolved) as plain dicts and lists, with renamed targets updated
+    and the options of older runs filled in."""
+    import yaml
+
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML ({error}); it should be the config.yaml a run wrote.") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds {type(config).__name__}, expected the mapping of a run's config.yaml.")
+    config = _with_current_targets(config)
+    data = config.get("data")
+    if isinstance(data, dict):
+        for key, value in _OPTIONS_OF_OLDER_RUNS.get(str(data.get("_target_")), {}).items():
+            data.setdefault(key, value)
+    return config
+
+
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def set_option(config: dict[str, Any], key: str, text: str) -> None:
+    """``config[a][b] = value`` for ``key="a.b"``, the value read as YAML (``3``, ``true``, ``[1, 2]``, ``1e-3``, an
+    empty text as None), creating missing levels: what ``--data KEY=VALUE`` sets."""
+    import yaml
+
+    value = yaml.safe_load(text) if text else None
+    if isinstance(value, str) and _SCIENTIFIC.match(value):  # YAML 1.1 reads 1e-3 as a string
+        value = float(value)
+    node = config
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+def _locate(path: str) -> Any:
+    """The object a dotted ``module.attribute`` path names (the longest importable module, then attributes)."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(f"cannot import {path!r}: no module of that name")
+
+
+def _build(node: Any) -> Any:
+    """Hydra's ``instantiate(node, _convert_="all")`` for plain containers: nested nodes first, then the call."""
+    if isinstance(node, (list, tuple)):
+        return [_build(value) for value in node]
+    if not isinstance(node, Mapping):
+        return node
+    unknown = sorted(key for key in node if re.fullmatch(r"_\w+_", str(key)) and key not in _SPECIAL_KEYS)
+    if unknown:
+        raise ValueError(f"unsupported config key(s) {unknown}: a saved config may use {list(_SPECIAL_KEYS)}.")
+    built = {key: _build(value) for key, value in node.items() if key not in _SPECIAL_KEYS}
+    if "_target_" not in node:
+        return built
+    target = _locate(str(node["_target_"]))
+    args = _build(list(node.get("_args_", [])))
+    if node.get("_partial_", False):
+        return functools.partial(target, *args, **built)
+    return target(*args, **built)
+
+
+def build_from_config(
+    config: Mapping[str, Any], source: str | Path, *, trusted: bool = False, prefix: str = "", opt_in: str = "--trusted"
+) -> Any:
+    """Build what ``config`` names by ``_target_`` (nested nodes first), as Hydra would, after checking every target
+    against linvit's allow-list unless ``trusted``.
+
+    ``source`` and ``prefix`` (the key of ``config`` in that file) name the refused entry in the
+    :class:`~linvit.utils.saved_config.UntrustedConfigError`; ``opt_in`` is the option that trusts the file.
+    """
+    from linvit.utils.saved_config import check_targets
+
+    config = _with_current_targets(config)
+    if not trusted:
+        check_targets(config, source, opt_in=opt_in, prefix=prefix)
+    return _build(config)
+
+
+def module_from_checkpoint(
+    saved: Mapping[str, Any],
+    model_target: str | None,
+    source: str | Path,
+    *,
+    trusted: bool = False,
+    datamodule: Any = None,
+    opt_in: str = "--trusted",
+) -> Any:
+    """The run's LightningModule with the checkpoint's weights: ``ImageClassifier``, or ``SegmentationModule`` when
+    the run's ``model._target_`` names it.
+
+    Unless ``trusted``, the hyper-parameters are checked first (no callables; a registered model created without
+    arguments that load files). Weights never come from anywhere but ``saved`` (no pretrained download, no backbone
+    checkpoint file). ``datamodule``: the run's, whose class names label a segmentation run that recorded none.
+    """
+    from linvit.utils.saved_config import check_classifier_hparams, check_model_arguments, check_targets
+
+    hparams = dict(saved.get("hyper_parameters") or {})
+    if current_target(model_target) == _SEGMENTER:
+        from linvit.train.seg_module import SegmentationModule
+
+        if not trusted:
+            check_targets(hparams, source, opt_in, prefix="hyper_parameters")
+            check_model_arguments(str(hparams.get("backbone")), hparams.get("backbone_kwargs"), source, opt_in)
+        names = hparams.get("class_names") or getattr(datamodule, "class_names", None)
+        module = SegmentationModule(**{**hparams, "pretrained": False, "checkpoint": None, "class_names": names})
+    else:
+        from linvit.train.module import ImageClassifier
+
+        if not trusted:
+            check_classifier_hparams(hparams, source, opt_in)
+        module = ImageClassifier(**{**hparams, "pretrained": False})
+    module.load_state_dict(saved["state_dict"])
+    return module
