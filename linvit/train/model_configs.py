@@ -1,10 +1,12 @@
-"""One Hydra model config per registered linvit model: ``configs/model/<name>.yaml``.
+"""One Hydra model config per registered linvit model: ``<config dir>/model/<name>.yaml``.
 
 Every ``linvit_*`` and ``flatten_*`` model gets a small file on top of ``configs/model/linvit.yaml`` so that
-``python train.py model=<name>`` works for each of them. Regenerate after registering new models::
+``python train.py model=<name>`` works for each of them. A script, run by hand after registering new models; it
+writes only into the folder it is given, never into the configs an installed package ships::
 
-    python -m linvit.train.model_configs          # writes the missing files
-    python -m linvit.train.model_configs --check  # exit code 1 if any is missing or stale
+    python -m linvit.train.model_configs --config-dir configs   # in a checkout: writes the missing files
+    python -m linvit.train.model_configs --config-dir ~/my_cfg  # for `linvit train --config-dir ~/my_cfg`
+    python -m linvit.train.model_configs --check                # exit code 1 if a shipped config is missing or stale
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def missing_or_stale(config_dir: Path = CONFIG_DIR) -> list[str]:
     return out
 
 
-def write_model_configs(config_dir: Path = CONFIG_DIR, overwrite: bool = False) -> list[Path]:
-    """Write ``configs/model/<name>.yaml`` for every registered name (missing ones only unless ``overwrite``)."""
+def write_model_configs(config_dir: Path, overwrite: bool = False) -> list[Path]:
+    """Write ``config_dir/model/<name>.yaml`` for every registered name (missing ones only unless ``overwrite``)."""
     written = []
     for name in registered_model_names():
         path = config_dir / "model" / f"{name}.yaml"
@@ -63,15 +65,27 @@ def write_model_configs(config_dir: Path = CONFIG_DIR, overwrite: bool = False) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config-dir", type=Path, default=CONFIG_DIR)
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="the config folder to write into (its model/ group), e.g. configs in a checkout; with --check, the one "
+        "to check (default: the configs linvit ships)",
+    )
     parser.add_argument("--check", action="store_true", help="only report missing configs (exit code 1 if any)")
     parser.add_argument("--overwrite", action="store_true", help="rewrite existing files too")
     args = parser.parse_args(argv)
     if args.check:
-        missing = missing_or_stale(args.config_dir)
+        config_dir = args.config_dir or CONFIG_DIR
+        missing = missing_or_stale(config_dir)
         for name in missing:
-            sys.stderr.write(f"missing or stale: {args.config_dir / 'model' / name}.yaml\n")
+            sys.stderr.write(f"missing or stale: {config_dir / 'model' / name}.yaml\n")
         return 1 if missing else 0
+    if args.config_dir is None:
+        parser.error(
+            "say where to write: --config-dir DIR (in a checkout: --config-dir configs). The configs an installed "
+            "linvit ships are never written by default."
+        )
     for path in write_model_configs(args.config_dir, overwrite=args.overwrite):
         sys.stdout.write(f"wrote {path}\n")
     return 0

@@ -57,7 +57,7 @@ def test_paper_recipe():
 def test_every_registered_model_has_a_config():
     names = registered_model_names()
     assert "linvit_nano" in names or not timm.list_models("linvit_*")
-    assert missing_or_stale() == [], "run `python -m linvit.train.model_configs` to add them"
+    assert missing_or_stale() == [], "run `python -m linvit.train.model_configs --config-dir configs` to add them"
     for name in names:
         cfg = compose([f"model={name}"])
         assert cfg.model.model_name == name
@@ -114,3 +114,18 @@ def test_default_callbacks_include_fault_tolerance():
 
 def test_trust_checkpoint_is_off_by_default():
     assert compose([]).trust_checkpoint is False
+
+
+def test_the_config_generator_writes_only_where_it_is_told(tmp_path, capsys):
+    from linvit.train.model_configs import CONFIG_DIR, main
+
+    shipped = sorted(path.stat().st_mtime_ns for path in (CONFIG_DIR / "model").glob("*.yaml"))
+    with pytest.raises(SystemExit) as refused:  # no --config-dir: an error, not a write into the package
+        main([])
+    assert refused.value.code == 2 and "--config-dir" in capsys.readouterr().err
+    assert sorted(path.stat().st_mtime_ns for path in (CONFIG_DIR / "model").glob("*.yaml")) == shipped
+    assert main(["--check", "--config-dir", str(tmp_path)]) == 1
+    assert main(["--config-dir", str(tmp_path)]) == 0
+    written = sorted(path.stem for path in (tmp_path / "model").glob("*.yaml"))
+    assert written == registered_model_names()
+    assert main(["--check", "--config-dir", str(tmp_path)]) == 0 and main(["--check"]) == 0
