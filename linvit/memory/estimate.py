@@ -145,7 +145,9 @@ def estimate_memory(
     """Predict the peak memory of ``model`` (a timm name) on ``batch`` images of ``height`` × ``width``.
 
     ``train``: AdamW steps instead of inference. ``dtype``: "fp32", or "bf16"/"fp16" autocast. ``device``: "cpu" or
-    "cuda" (predicted without a GPU too; then linvit's attention runs its eager backend, see the notes).
+    "cuda". CUDA without a GPU here is simulated: the dry run dispatches CPU kernels but counts CUDA's 512-byte
+    allocation blocks and runs AdamW's multi-tensor step, and linvit's attention runs its eager backend (the fused
+    kernels plan their launches from the GPU's properties); the estimate's notes say so.
     """
     check_input(batch, height, width)
     if dtype not in DTYPES:
@@ -154,21 +156,27 @@ def estimate_memory(
     if target.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}.")
     notes = []
-    backend = contextlib.nullcontext()
+    run_on, backend = target, contextlib.nullcontext()
     if target.type == "cuda" and not torch.cuda.is_available():
-        # the fused kernels plan their launches from the GPU's properties, which a machine without one cannot read
-        backend = use_backend("torch")
-        notes.append("no GPU here: linvit's attention predicted with its eager backend, not the fused CUDA kernels")
+        # fake CUDA tensors need a GPU for the backward pass (autograd's device threads) and for the fused kernels
+        run_on, backend = torch.device("cpu"), use_backend("torch")
+        notes.append(
+            "no GPU here: simulated with CPU kernels, CUDA's 512-byte blocks and AdamW's multi-tensor step; "
+            "linvit's attention with its eager backend, not the fused CUDA kernels"
+        )
 
     meta_model = timm.create_model(model, device="meta", **dict(model_kwargs or {}))
     in_chans = int(getattr(meta_model, "in_chans", 0) or meta_model.pretrained_cfg.get("input_size", (3,))[0])
     labels = {name: attention_label(module) for name, module in stage_modules(meta_model)}
-    tracker = AllocationTracker(workspace=cpu_workspace_bytes if target.type == "cpu" else None)
+    tracker = AllocationTracker(
+        workspace=cpu_workspace_bytes if target.type == "cpu" else None,
+        block_bytes=512 if target.type == "cuda" else 1,  # CUDA's caching allocator rounds to 512 bytes
+    )
     shapes: dict[str, Any] = {}
     with FakeTensorMode(allow_non_fake_inputs=True), EagerViewStrides(), backend, fresh_size_caches():
-        fake_model = meta_model.to_empty(device=target)
-        images = torch.empty(batch, in_chans, height, width, device=target)
-        optimizer = make_optimizer(fake_model) if train else None
+        fake_model = meta_model.to_empty(device=run_on)
+        images = torch.empty(batch, in_chans, height, width, device=run_on)
+        optimizer = make_optimizer(fake_model, foreach=target.type == "cuda") if train else None
         params, buffers = list(fake_model.parameters()), list(fake_model.buffers())
         with tracker, _stage_scopes(fake_model, tracker, shapes):
             tracker.adopt([*params, *buffers, images])

@@ -73,7 +73,7 @@ def _largest_step(
         slope = (known[anchor] - known[1]) / (units(anchor) - units(1))
         guess = _last_at_most(units, units(1) + (budget - known[1]) / slope)
         narrow(guess)
-        narrow(guess + 1)
+        narrow(min(guess + 1, _LARGEST))
     while high is None:  # double until it no longer fits
         if low >= _LARGEST:
             return low, len(known), True

@@ -18,18 +18,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Measurement", "measure_memory"]
+from linvit.memory.estimate import check_input
+
+__all__ = ["Measurement", "measure_memory", "measure_runs"]
 
 _MMAP_THRESHOLD = 64 * 1024
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """What one real run used: ``peak_bytes`` above the baseline, and how it was measured (``kind``)."""
+    """What one real run used: ``peak_bytes`` above the baseline, how it was measured (``kind``), and the seconds
+    its warm-up and measured run took."""
 
     peak_bytes: int
     baseline_bytes: int
@@ -55,35 +58,49 @@ def measure_memory(
     The arguments are those of :func:`linvit.memory.estimate_memory`. Raises RuntimeError with the child's error
     when the run fails (out of memory included).
     """
-    spec = {
-        "model": model,
-        "height": height,
-        "width": width,
-        "batch": batch,
-        "train": train,
-        "dtype": dtype,
-        "device": device,
-        "model_kwargs": dict(model_kwargs or {}),
-    }
+    run = {"model": model, "height": height, "width": width, "batch": batch, "train": train, "dtype": dtype}
+    run |= {"device": device, "model_kwargs": dict(model_kwargs or {})}
+    return measure_runs([run], default_malloc=default_malloc, timeout=timeout)[0]
+
+
+def measure_runs(
+    runs: Sequence[Mapping[str, Any]], *, default_malloc: bool = False, timeout: float | None = None
+) -> list[Measurement]:
+    """Measure several runs one after the other in one fresh process (it imports PyTorch once).
+
+    Each run is a mapping of :func:`measure_memory`'s arguments (``model``, ``height``, ``width``, and optionally
+    ``batch``, ``train``, ``dtype``, ``device``, ``model_kwargs``); each is warmed up and measured from its own
+    baseline, after the previous run's model is gone.
+    """
+    specs = []
+    for run in runs:
+        unknown = set(run) - {"model", "height", "width", "batch", "train", "dtype", "device", "model_kwargs"}
+        if unknown:
+            raise ValueError(f"Unknown run options {sorted(unknown)}; see measure_memory's arguments.")
+        spec = {"batch": 1, "train": False, "dtype": "fp32", "device": "cpu", "model_kwargs": {}, **run}
+        check_input(spec["batch"], spec["height"], spec["width"])
+        specs.append(spec)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if not default_malloc:
         env["MALLOC_MMAP_THRESHOLD_"] = str(_MMAP_THRESHOLD)
-    start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "linvit.memory.measure", json.dumps(spec)],
+        [sys.executable, "-m", "linvit.memory.measure", json.dumps(specs)],
         capture_output=True,
         text=True,
         env=env,
         timeout=timeout,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"measuring {model} at {height}x{width} failed:\n{result.stderr[-3000:]}")
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    kind = report["kind"]
-    if device == "cpu":
-        kind += ", glibc defaults" if default_malloc else ", malloc returns freed blocks"
-    return Measurement(report["peak_bytes"], report["baseline_bytes"], kind, time.perf_counter() - start)
+        raise RuntimeError(f"measuring {[spec['model'] for spec in specs]} failed:\n{result.stderr[-3000:]}")
+    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    measurements = []
+    for spec, report in zip(specs, reports):
+        kind = report["kind"]
+        if spec["device"] == "cpu":
+            kind += ", glibc defaults" if default_malloc else ", malloc returns freed blocks"
+        measurements.append(Measurement(report["peak_bytes"], report["baseline_bytes"], kind, report["seconds"]))
+    return measurements
 
 
 def _status_bytes(field: str) -> int:
@@ -106,7 +123,7 @@ def _build(spec: dict, device, height: int, width: int, batch: int):
 def _warm_up(spec: dict, device) -> None:
     """Run the workload once with a model of its own, so that what PyTorch keeps after a first run of these shapes
     (library code paged in, oneDNN's kernels generated for them, thread pools: a few MiB) is in the baseline rather
-    than counted as the model's. linvit's size caches are emptied again (the measured run builds its own)."""
+    than counted as the model's. linvit's size caches it builds are dropped (the measured run builds its own)."""
     import contextlib
     import ctypes
     import gc
@@ -128,8 +145,9 @@ def _run(spec: dict) -> dict:
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
-    from linvit.memory.workload import run_workload
+    from linvit.memory.workload import fresh_size_caches, run_workload
 
+    start = time.perf_counter()
     device = torch.device(spec["device"])
     torch.manual_seed(0)
     _warm_up(spec, device)
@@ -144,15 +162,22 @@ def _run(spec: dict) -> dict:
             clear_refs.write("5")
         baseline = _status_bytes("VmRSS")
         kind = "peak RSS"
-    model, images = _build(spec, device, spec["height"], spec["width"], spec["batch"])
-    run_workload(model, images, train=spec["train"], dtype=spec["dtype"])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        peak = _status_bytes("VmHWM")
-    return {"peak_bytes": peak - baseline, "baseline_bytes": baseline, "kind": kind}
+    with fresh_size_caches():  # built by this run, as in a fresh process, and dropped after it
+        model, images = _build(spec, device, spec["height"], spec["width"], spec["batch"])
+        run_workload(model, images, train=spec["train"], dtype=spec["dtype"])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device)
+        else:
+            peak = _status_bytes("VmHWM")
+        del model, images
+    return {
+        "peak_bytes": peak - baseline,
+        "baseline_bytes": baseline,
+        "kind": kind,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 if __name__ == "__main__":
-    print(json.dumps(_run(json.loads(sys.argv[1]))))
+    print(json.dumps([_run(spec) for spec in json.loads(sys.argv[1])]))

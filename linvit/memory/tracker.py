@@ -25,9 +25,6 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = ["AllocationTracker", "Scope"]
 
-# CUDA's caching allocator hands out blocks in multiples of 512 bytes; the CPU allocator allocates what is asked.
-_CUDA_BLOCK = 512
-
 
 @dataclass
 class Scope:
@@ -51,11 +48,14 @@ class AllocationTracker(TorchDispatchMode):
     ``scope(label)`` records the peak within a stretch of the run; ``peak_label`` names the innermost scope that
     was open at the overall peak. ``workspace(func, args, kwargs, out)``, when given, returns the bytes an op's
     kernel holds besides its inputs and outputs while it runs; they count towards the peaks, not the live bytes.
+    ``block_bytes``: the allocator's granularity, each storage rounded up to a multiple of it (CUDA's caching
+    allocator: 512; the CPU allocator allocates what is asked: 1).
     """
 
-    def __init__(self, workspace: Callable[[Any, tuple, dict, Any], int] | None = None) -> None:
+    def __init__(self, workspace: Callable[[Any, tuple, dict, Any], int] | None = None, block_bytes: int = 1) -> None:
         super().__init__()
         self._workspace = workspace
+        self._block = block_bytes
         self._live: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (weak ref, bytes)
         # the sum over _live, counting storages that died since the last sweep: an upper bound of the live bytes,
         # exact right after _sweep(); sweeping only when this bound could set a new peak keeps the cost per op low
@@ -79,10 +79,7 @@ class AllocationTracker(TorchDispatchMode):
         return self._upper
 
     def _size(self, storage: torch.UntypedStorage) -> int:
-        nbytes = storage.nbytes()
-        if storage.device.type == "cuda":
-            return -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
-        return nbytes
+        return -(-storage.nbytes() // self._block) * self._block
 
     def _count(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()

@@ -31,34 +31,42 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
 
 
-def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW with PyTorch's defaults, with the multi-tensor (foreach) path stated: fake tensors would otherwise
-    lose PyTorch's device-based choice of it (CUDA runs foreach, the CPU one tensor at a time)."""
+def make_optimizer(model: nn.Module, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW with PyTorch's defaults. ``foreach``: its multi-tensor path, by default PyTorch's choice for the
+    parameters' device (CUDA runs it, the CPU updates one tensor at a time); stated, because PyTorch does not
+    choose it for fake tensors."""
     params = [p for p in model.parameters() if p.requires_grad]
-    foreach = bool(params) and params[0].device.type == "cuda"
+    if foreach is None:
+        foreach = bool(params) and params[0].device.type == "cuda"
     return torch.optim.AdamW(params, foreach=foreach)
 
 
 @contextlib.contextmanager
 def fresh_size_caches() -> Iterator[None]:
-    """Run with linvit's process-wide cache of size-dependent tensors (window masks and gather indices, which
-    ``linvit.attention.window`` keeps per input size) empty, and the previous one back afterwards.
+    """Run with an empty, private copy of the cache of size-dependent tensors that ``linvit.attention.window``
+    keeps per input size (window masks, gather indices), serving fake tensors too; the process's cache is back
+    afterwards.
 
-    A dry run must build (and count) those tensors rather than find them, and must not leave fake tensors there for
-    a real run of the same size to pick up (it would then compute on fake tensors); a measured run must not find
-    the warm-up's.
+    A real run builds those tensors on its first call and keeps them; a dry run must do the same to count them
+    (the window module serves no fake tensors from its own cache, so that none reach a real run: this private
+    copy is dropped after the dry run for that reason). A measured run must build its own rather than find the
+    warm-up's.
     """
     from linvit.attention import window
 
-    saved = getattr(window, "_SIZE_CACHE", None)
-    if not isinstance(saved, dict):  # the cache moved or went: nothing to isolate
+    cache, fake_switch = getattr(window, "_SIZE_CACHE", None), getattr(window, "_fake_mode_active", None)
+    if not isinstance(cache, dict):  # the cache moved or went: nothing to isolate
         yield
         return
     window._SIZE_CACHE = {}
+    if fake_switch is not None:
+        window._fake_mode_active = lambda: False
     try:
         yield
     finally:
-        window._SIZE_CACHE = saved
+        window._SIZE_CACHE = cache
+        if fake_switch is not None:
+            window._fake_mode_active = fake_switch
 
 
 @contextlib.contextmanager

@@ -5,10 +5,11 @@ with ``torch.profiler``'s allocation events on torch 2.14, oneDNN convolutions, 
 rule with the profiler, so a PyTorch whose kernels behave otherwise fails there):
 
 - convolution (oneDNN): an input in dense channels-last order is read in place (only the weight is reordered:
-  twice its bytes); a dense NCHW input is reordered for the kernel (its bytes, plus the weight), except an input
-  of fewer than 4 channels (an image), read in place while the output is computed aside (the output's bytes); any
-  other strides, a size-1 batch whose stride is not the dense one included, are first copied and then reordered
-  (the input's bytes plus the larger of input and output).
+  twice its bytes); a dense NCHW input is reordered for the kernel, or the output computed aside (the larger of
+  the input's bytes plus the weight's and the output's bytes), except an input of fewer than 4 channels (an
+  image), read in place while the output is computed aside (the output's bytes); any other strides, a size-1
+  batch whose stride is not the dense one included (tokens (1, N, C) viewed as a (1, C, H, W) map), are first
+  copied and then reordered (the input's bytes plus the larger of input and output).
 - layer norm: a non-contiguous input is copied to a contiguous one (its bytes).
 
 Smaller workspaces (matrix products of non-contiguous operands, backward kernels) are left out; their effect on
@@ -57,7 +58,7 @@ def _convolution(args: tuple, out: object) -> int:
     if _is_dense(images, _NHWC):
         return 2 * _bytes(weight)
     if _is_dense(images, _NCHW):
-        return _bytes(images) + _bytes(weight) if images.shape[1] >= 4 else _bytes(out)
+        return max(_bytes(images) + _bytes(weight), _bytes(out)) if images.shape[1] >= 4 else _bytes(out)
     return _bytes(images) + max(_bytes(images), _bytes(out))
 
 
