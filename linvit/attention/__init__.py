@@ -23,8 +23,10 @@ from linvit.attention.feature_maps import (
     taylor_feature_map,
 )
 from linvit.attention.focused import FocusedLinearAttention
-from linvit.attention.hybrid import HybridAttention
+from linvit.attention.hybrid import GLOBAL_BRANCHES, HybridAttention
 from linvit.attention.linear import linear_attention, linear_attention_tokens
+from linvit.attention.linformer import LINFORMER_PROJECTIONS, LinformerAttention, resize_token_projection
+from linvit.attention.nystrom import NystromAttention
 from linvit.attention.positional import resize_positional_table, resize_relative_position_bias, square_grid
 from linvit.attention.registry import (
     ATTENTION_NAMES,
@@ -59,6 +61,8 @@ for _module in (
     LePEAttention,
     FocusedLinearLePEAttention,
     StripeAttention,
+    NystromAttention,
+    LinformerAttention,
 ):
     register_notrace_module(_module)
 del _module
@@ -66,7 +70,9 @@ del _module
 __all__ = [
     "ATTENTIONS",
     "ATTENTION_NAMES",
+    "GLOBAL_BRANCHES",
     "KERNEL_NAMES",
+    "LINFORMER_PROJECTIONS",
     "AttentionKind",
     "attention_kind",
     "attention_options",
@@ -96,8 +102,11 @@ __all__ = [
     "WindowAttention",
     "GlobalAttention",
     "HybridAttention",
+    "NystromAttention",
+    "LinformerAttention",
     "resize_positional_table",
     "resize_relative_position_bias",
+    "resize_token_projection",
     "square_grid",
     "stripe_attention_reference",
     "stripe_branches",

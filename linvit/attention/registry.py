@@ -18,6 +18,8 @@ from torch import nn
 
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.hybrid import HybridAttention
+from linvit.attention.linformer import LinformerAttention
+from linvit.attention.nystrom import NystromAttention
 from linvit.attention.softmax import GlobalAttention
 from linvit.attention.stripe import StripeAttention
 from linvit.attention.window import WindowAttention
@@ -110,16 +112,22 @@ ATTENTIONS: dict[str, AttentionKind] = {
         windowed=True,
         shifted=True,
         positional_size=True,
-        summary="window softmax + global focused linear",
+        summary="window softmax + a global branch (focused linear, Nyström or Linformer)",
     ),
     "stripe": AttentionKind(StripeAttention, summary="CSwin cross-shaped stripe softmax with LePE"),
+    "nystrom": AttentionKind(NystromAttention, summary="Nyströmformer: softmax through landmark means"),
+    # the stage's grid sizes the learned projections (projection="learned"); the default pooled form ignores it
+    "linformer": AttentionKind(
+        LinformerAttention, positional_size=True, summary="Linformer: keys and values projected to k tokens"
+    ),
 }
 
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTIONS)
 """Valid names for `create_attention` and every model's per-stage ``attn_layers``:
 "focused" (FLatten focused linear attention), "linear" (ReLU linear attention), "elu" (ELU+1 linear attention),
 "favor" (FAVOR+ random features), "taylor" (second-order Taylor features), "window" (Swin window softmax),
-"softmax" (global softmax), "hybrid" (window softmax + global focused linear), "stripe" (CSwin stripes)."""
+"softmax" (global softmax), "hybrid" (window softmax + a global branch), "stripe" (CSwin stripes), "nystrom"
+(Nyströmformer), "linformer" (Linformer)."""
 
 
 def attention_kind(name: str) -> AttentionKind:
@@ -134,8 +142,9 @@ def create_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.M
 
     Every module's forward is `forward(x, hw)` with x (B, N, C) and hw = (H, W). Keyword arguments go to the
     module's constructor (see `FocusedLinearAttention`, `WindowAttention`, `GlobalAttention`, `HybridAttention`,
-    `StripeAttention`). The kernel-named entries ("linear", "elu", "favor", "taylor") are `FocusedLinearAttention`
-    with that kernel, without DWC or positional encoding unless `dwc_kernel_size` / `pos_encoding` are passed.
+    `StripeAttention`, `NystromAttention`, `LinformerAttention`). The kernel-named entries ("linear", "elu",
+    "favor", "taylor") are `FocusedLinearAttention` with that kernel, without DWC or positional encoding unless
+    `dwc_kernel_size` / `pos_encoding` are passed.
     """
     kind = attention_kind(name)
     fixed_kernel = kind.defaults.get("kernel")

@@ -19,7 +19,14 @@ CONFIGS = [
     ("softmax", {}),
     ("hybrid", {"window_size": 4, "shift_size": 2}),
     ("stripe", {"split_size": 3}),  # vertical and horizontal stripes, padded at (5, 7)
+    ("nystrom", {"landmark_grid": (2, 3)}),  # cells that do not divide (5, 7)
+    ("linformer", {"projected_size": 3}),  # pooled
+    ("linformer", {"projection": "learned", "pos_size": (4, 4), "projected_size": (2, 3)}),  # resized to (5, 7)
+    ("hybrid", {"window_size": 4, "shift_size": 2, "global_branch": "nystrom", "global_options": {"landmark_grid": 2}}),
+    ("hybrid", {"window_size": 4, "global_branch": "linformer", "global_options": {"projected_size": 2}}),
 ]
+# Compiled with torch.compile (aot_eager) in the default tier; the other modules' own files test theirs.
+COMPILED = [config for config in CONFIGS if config[0] in ("nystrom", "linformer") or "global_branch" in config[1]]
 HW = (5, 7)
 
 
@@ -84,9 +91,29 @@ def test_timm_feature_extractor_with_traced_sizes(name, kwargs):
         torch.testing.assert_close(extractor(x)["attention"], module.attention(x.flatten(2).transpose(1, 2), hw))
 
 
+@pytest.mark.parametrize("name,kwargs", COMPILED)
+def test_torch_compile_without_graph_breaks_matches_eager_with_gradients(name, kwargs):
+    import torch._dynamo
+
+    module = _build(name, kwargs).train()
+    x = torch.randn(2, HW[0] * HW[1], 16, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break raises
+    results = []
+    for forward in (compiled, module):
+        x.grad = None
+        module.zero_grad()
+        out = forward(x, HW)
+        out.square().sum().backward()
+        grads = [p.grad.clone() for p in module.parameters()]
+        results.append((out.detach(), x.grad.clone(), *grads))
+    for fast, slow in zip(*results):
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
 def test_factory_names_and_errors():
     assert set(ATTENTION_NAMES) == {
-        "focused", "linear", "elu", "favor", "taylor", "window", "softmax", "hybrid", "stripe"
+        "focused", "linear", "elu", "favor", "taylor", "window", "softmax", "hybrid", "stripe", "nystrom", "linformer"
     }  # fmt: skip
     assert isinstance(create_attention("window", 16, 2), WindowAttention)
     assert isinstance(create_attention("hybrid", 16, 2), HybridAttention)

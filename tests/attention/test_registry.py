@@ -31,11 +31,26 @@ def test_traits_say_what_a_stage_supplies():
     assert attention_kind("linear").default("dwc_kernel_size") == 0
 
 
+def test_nystrom_and_linformer_are_global_and_linformer_takes_the_stage_grid():
+    """Neither attends in windows or takes class tokens; Linformer's learned projections are sized by the stage's
+    token grid (pos_size), which the pooled default ignores."""
+    for name in ("nystrom", "linformer"):
+        kind = attention_kind(name)
+        assert not (kind.windowed or kind.shifted or kind.class_tokens), name
+    assert not attention_kind("nystrom").positional_size and attention_kind("linformer").positional_size
+    stage = attention_options("linformer", {"qkv_bias": False, "focusing_factor": 2.0}, {"projection": "learned"})
+    assert stage == {"qkv_bias": False, "projection": "learned"}
+    learned = create_attention("linformer", 16, 2, **stage, pos_size=(5, 6))
+    assert learned.key_projection.shape == (256, 30)
+    with pytest.raises(TypeError, match="attention 'nystrom' takes no argument window_size; it takes qkv_bias"):
+        attention_options("nystrom", {}, {"window_size": 7})
+
+
 def test_specs_are_names_or_mappings_with_aliases():
     assert parse_attention_spec("focused") == ("focused", {})
     assert parse_attention_spec({"name": "window", "window_size": 12}) == ("window", {"window_size": 12})
     assert parse_attention_spec("L", aliases={"L": "focused"}) == ("focused", {})
-    with pytest.raises(ValueError, match="valid names are focused, .*stripe, L"):
+    with pytest.raises(ValueError, match="valid names are focused, .*stripe, nystrom, linformer, L"):
         parse_attention_spec("performer", aliases={"L": "focused"})
     with pytest.raises(TypeError, match="'name' key"):
         parse_attention_spec({"window_size": 12})
