@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.baselines import AuthorsFocusedLinearAttention, GlobalSoftmaxSDPA, SwinWindowSoftmax
+from linvit.bench.baselines import AuthorsFocusedLinearAttention, GlobalSoftmaxSDPA, SwinWindowSoftmax
 
 
 def _randomise(module: torch.nn.Module, seed: int = 0) -> None:

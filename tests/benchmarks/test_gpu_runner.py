@@ -1,4 +1,5 @@
-"""The one-process GPU runner (benchmarks/gpu.py) runs end to end on the CPU at tiny sizes, without Hydra."""
+"""The one-process GPU runner (linvit/bench/gpu.py, run by benchmarks/run_gpu.sh) runs end to end on the CPU at
+tiny sizes, without Hydra."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu
+from linvit.bench import gpu
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +96,7 @@ def test_a_compile_that_outlives_the_budget_is_stopped_and_reported(monkeypatch)
 
 @pytest.mark.slow
 def test_compile_child_reports_compile_time_and_gain():
-    command = [sys.executable, "-m", "benchmarks.gpu", "--compile-child", "--device", "cpu", "--compile-backend"]
+    command = [sys.executable, "-m", "linvit.bench.gpu", "--compile-child", "--device", "cpu", "--compile-backend"]
     command += ["eager", "--compile-size", "32", "--compile-batch", "1"]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

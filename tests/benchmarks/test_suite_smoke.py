@@ -1,4 +1,5 @@
-"""The benchmark suite runs end to end at tiny sizes and writes its tables and plots (no timed assertions)."""
+"""The benchmark suite (linvit.bench) runs end to end at tiny sizes and writes its tables and plots (no timed
+assertions), through the checkout's entry point (python -m benchmarks.run) and through `linvit bench`."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 
 import pytest
 
-from benchmarks import report, run
-from benchmarks.cases import case_key, operator_cases, parse_heads, parse_sizes
+import benchmarks.run as checkout_entry
+from linvit.bench import report, run
+from linvit.bench.cases import case_key, operator_cases, parse_heads, parse_sizes
 
 
 def _records(out_dir) -> list[dict]:
@@ -19,7 +21,7 @@ def test_operator_suite_runs_and_reports(tmp_path):
     ops = "authors_focused,sdpa_global,linvit_focused"
     argv = ["--quick", "--only", "operators", "--maps", "8", "--heads", "2x8", "--ops", ops, "--modes", "fwd"]
     argv += ["--out", str(tmp_path)]
-    assert run.main(argv + ["--repeats", "1", "--budget", "0.01"]) == 0
+    assert checkout_entry.main(argv + ["--repeats", "1", "--budget", "0.01"]) == 0
     records = _records(tmp_path)
     latency = {r["case"]["op"]: r for r in records if r["kind"] == "latency" and r["case"]["mode"] == "fwd"}
     for op in ("authors_focused", "sdpa_global"):
@@ -43,9 +45,9 @@ def _worker_args():
 def test_backbone_and_training_cases_measure_in_process():
     import torch
 
-    from benchmarks import worker
-    from benchmarks.cases import backbone_cases, training_cases
-    from benchmarks.operators import Unavailable
+    from linvit.bench import worker
+    from linvit.bench.cases import backbone_cases, training_cases
+    from linvit.bench.operators import Unavailable
 
     cpu = torch.device("cpu")
     backbone = backbone_cases(["resnet18"], [(32, 40)], lambda h, w: 1)[0]
@@ -125,3 +127,18 @@ def test_linvit_bench_command_takes_the_suite_options():
     args = cli.build_parser().parse_args(["bench", "--quick", "--only", "operators", "--heads", "3x32"])
     assert args._run is bench.run
     assert args.quick and args.only == "operators" and args.heads == "3x32"
+
+
+def test_linvit_bench_writes_below_the_working_directory(tmp_path, monkeypatch):
+    """`linvit bench` runs the suite of the package and, without --out, writes to ./bench-results (never into the
+    installed package); tests/packaging/test_wheel.py runs it from a wheel."""
+    from linvit.cli import main as linvit_main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--quick", "--only", "operators", "--maps", "8", "--heads", "2x8", "--ops", "linvit_linear"]
+    argv += ["--modes", "fwd", "--no-memory", "--repeats", "1", "--budget", "0.01"]
+    assert linvit_main(argv) == 0
+    out = tmp_path / "bench-results" / "tmp" / "quick"
+    [record] = [r for r in _records(out) if r["case"].get("op") == "linvit_linear"]
+    assert record["status"] == "ok" and record["latency_ms"] > 0
+    assert "`linvit bench" in (out / "RESULTS.md").read_text()

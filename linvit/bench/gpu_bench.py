@@ -1,4 +1,4 @@
-"""Timing on one device for the GPU target table (benchmarks/gpu.py): CUDA-event medians, the allocator's peak,
+"""Timing on one device for the GPU target table (linvit/bench/gpu.py): CUDA-event medians, the allocator's peak,
 a wall-clock budget, measurements remembered by key, and linvit's backend switch around a measurement."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.measure import autocast_context
-from benchmarks.models import backbone_callable, create_model, training_callable
-from benchmarks.operators import Unavailable, build_operator, operator_callable
+from linvit.bench.measure import autocast_context
+from linvit.bench.models import backbone_callable, create_model, training_callable
+from linvit.bench.operators import Unavailable, build_operator, operator_callable
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What each suite measures: plain lists of cases (dicts), built without importing torch.
 
-A case names one measurement; the worker that runs it (``benchmarks.worker``) turns it into a callable. A case's
+A case names one measurement; the worker that runs it (:mod:`linvit.bench.worker`) turns it into a callable. A case's
 key (every field, sorted) identifies its row when results of several runs are merged.
 """
 
@@ -11,7 +11,7 @@ SUITES = ("operators", "backbones", "training", "compile")
 # name -> what it is (the table's legend).
 OPERATORS = {
     "linvit_focused": "linvit FocusedLinearAttention (focused p=3, DWC 5×5, learnable positional encoding)",
-    "authors_focused": "FLatten authors' formulation, restated (benchmarks/baselines.py): the baseline to beat",
+    "authors_focused": "FLatten authors' formulation, restated (linvit/bench/baselines.py): the baseline to beat",
     "linvit_linear": "linvit plain ReLU linear attention (`create_attention('linear')`)",
     "linvit_window": "linvit WindowAttention 7×7 softmax",
     "timm_window_sdpa": "timm Swin WindowAttention 7×7 through SDPA (+ pad/partition)",

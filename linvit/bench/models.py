@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.measure import autocast_context
-from benchmarks.operators import Unavailable
+from linvit.bench.measure import autocast_context
+from linvit.bench.operators import Unavailable
 
 LINVIT_PREFIXES = ("linvit_", "flatten_")
 
@@ -111,7 +111,7 @@ def compile_report(case: dict, device: torch.device, dtype: str, budget_s: float
 
     import torch._dynamo
 
-    from benchmarks.measure import synchronize, time_call
+    from linvit.bench.measure import synchronize, time_call
 
     hw = (case["size"], case["size"])
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """A benchmark worker process: runs a list of cases and appends one JSON line per case to ``--out``.
 
-Started by :mod:`benchmarks.run` (which sets ``OMP_WAIT_POLICY`` and the thread count before torch is imported
+Started by :mod:`linvit.bench.run` (which sets ``OMP_WAIT_POLICY`` and the thread count before torch is imported
 here). ``--kind latency`` times every case in this process; ``--kind memory`` is started once per case, so the
 peak it reads belongs to that case alone. Before each case it writes a ``start`` line, so the runner can tell
 which case was running if the process dies or runs out of time.
@@ -22,15 +22,15 @@ def _write(out, record: dict) -> None:
 
 def _callable_for(case: dict, device, dtype: str):
     if case["suite"] == "operators":
-        from benchmarks.operators import operator_callable
+        from linvit.bench.operators import operator_callable
 
         return operator_callable(case, device, dtype)
     if case["suite"] == "backbones":
-        from benchmarks.models import backbone_callable
+        from linvit.bench.models import backbone_callable
 
         return backbone_callable(case, device, dtype)
     if case["suite"] == "training":
-        from benchmarks.models import training_callable
+        from linvit.bench.models import training_callable
 
         return training_callable(case, device, dtype)
     raise ValueError(f"no callable for suite {case['suite']!r}")
@@ -39,7 +39,7 @@ def _callable_for(case: dict, device, dtype: str):
 def run_case(case: dict, kind: str, device, args) -> dict:
     import torch
 
-    from benchmarks import measure
+    from linvit.bench import measure
 
     if case["suite"] == "machine":
         info = measure.machine_info(device)
@@ -53,7 +53,7 @@ def run_case(case: dict, kind: str, device, args) -> dict:
             info[f"gemm_gflop_per_cpu_s_{args.dtype}"] = peak["gflop_per_cpu_s"]
         return info
     if case["suite"] == "compile":
-        from benchmarks.models import compile_report
+        from linvit.bench.models import compile_report
 
         return compile_report(case, device, args.dtype, args.budget, args.repeats)
     if kind == "memory":
@@ -68,7 +68,7 @@ def run_case(case: dict, kind: str, device, args) -> dict:
     fn, info = _callable_for(case, device, args.dtype)
     info.update(measure.time_call(fn, device, warmup=args.warmup, repeats=args.repeats, budget_s=args.budget))
     if case["suite"] == "backbones":
-        from benchmarks.models import count_model_macs
+        from linvit.bench.models import count_model_macs
 
         info["macs"], info["macs_counted"] = count_model_macs(
             case["model"], (case["height"], case["width"]), getattr(fn, "model", None)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from benchmarks.cases import case_key
-    from benchmarks.operators import Unavailable
+    from linvit.bench.cases import case_key
+    from linvit.bench.operators import Unavailable
 
     device = torch.device(args.device)
     with open(args.cases) as f:

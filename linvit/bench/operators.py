@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from benchmarks.measure import autocast_context
+from linvit.bench.measure import autocast_context
 
 
 class Unavailable(RuntimeError):
@@ -21,8 +21,8 @@ def _linvit_attention():
 
 
 def build_operator(name: str, dim: int, num_heads: int, hw: tuple[int, int], device=None) -> nn.Module:
-    """The module called ``name`` in :data:`benchmarks.cases.OPERATORS`."""
-    from benchmarks import baselines
+    """The module called ``name`` in :data:`linvit.bench.cases.OPERATORS`."""
+    from linvit.bench import baselines
 
     dd = {"device": device}
     if name == "authors_focused":
