@@ -4,17 +4,10 @@ softmax, computed here from the materialised N×N attention."""
 
 import pytest
 import torch
-from _softmax_reference import softmax_attention
+from _module_testing import randomise
+from _op_testing import softmax_attention
 
 from linvit.attention import HybridAttention, LinformerAttention, NystromAttention, create_attention
-
-
-def _randomise(module, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.3)
-    return module
 
 
 def _window_plus_global_softmax(hybrid, x, hw):
@@ -29,13 +22,13 @@ def test_exact_limits_give_window_softmax_plus_global_softmax(hw):
         16, 2, window_size=4, shift_size=2, global_branch="nystrom",
         global_options={"landmark_grid": hw, "pinv_iterations": 30, "conv_kernel_size": 0}, dtype=torch.float64,
     )  # fmt: skip
-    nystrom = _randomise(nystrom).eval()
+    nystrom = randomise(nystrom).eval()
     torch.testing.assert_close(nystrom(x, hw), _window_plus_global_softmax(nystrom, x, hw), rtol=1e-8, atol=1e-8)
     linformer = HybridAttention(
         16, 2, window_size=4, shift_size=2, global_branch="linformer", pos_size=hw,
         global_options={"projection": "learned", "projected_size": hw}, dtype=torch.float64,
     )  # fmt: skip
-    linformer = _randomise(linformer).eval()
+    linformer = randomise(linformer).eval()
     with torch.no_grad():
         linformer.global_attn.key_projection.copy_(torch.eye(hw[0] * hw[1]))
         linformer.global_attn.value_projection.copy_(torch.eye(hw[0] * hw[1]))

@@ -3,29 +3,17 @@ identity projection, the resize of the learned projection to other grids, its ke
 
 import pytest
 import torch
+from _module_testing import randomise, tokens
 
 from linvit.attention import GlobalAttention, LinformerAttention, create_attention, resize_token_projection
 from linvit.ops.linformer import naive
 
 
-def _randomise(module, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.3)
-    return module
-
-
-def _tokens(batch, hw, channels, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, hw[0] * hw[1], channels, generator=generator, dtype=torch.float64)
-
-
 @pytest.mark.parametrize("hw", [(4, 4), (5, 9)])
 def test_learned_module_equals_the_reference_at_its_grid_and_resized_at_others(hw):
-    module = _randomise(LinformerAttention(24, 3, projection="learned", projected_size=(2, 3), pos_size=(4, 4)))
+    module = randomise(LinformerAttention(24, 3, projection="learned", projected_size=(2, 3), pos_size=(4, 4)))
     module = module.double()
-    x = _tokens(2, hw, 24)
+    x = tokens(2, hw, 24)
     expected = module.proj(
         naive.linformer_attention_qkv(
             module.qkv(x), hw=hw, num_heads=3,
@@ -37,8 +25,8 @@ def test_learned_module_equals_the_reference_at_its_grid_and_resized_at_others(h
 
 
 def test_pooled_module_equals_the_reference():
-    module = _randomise(LinformerAttention(24, 3, projected_size=(2, 3), dtype=torch.float64))
-    x = _tokens(2, (5, 7), 24)
+    module = randomise(LinformerAttention(24, 3, projected_size=(2, 3), dtype=torch.float64))
+    x = tokens(2, (5, 7), 24)
     expected = module.proj(naive.linformer_attention_qkv(module.qkv(x), hw=(5, 7), num_heads=3, pool_grid=(2, 3)))
     torch.testing.assert_close(module(x, (5, 7)), expected, rtol=1e-10, atol=1e-10)
 
@@ -46,8 +34,8 @@ def test_pooled_module_equals_the_reference():
 def test_identity_projections_give_softmax_attention_with_the_same_weights():
     """Learned E = F = I (k = N), and pooling to a grid as large as the map, are `GlobalAttention`."""
     hw = (3, 5)
-    softmax = _randomise(GlobalAttention(16, 2, dtype=torch.float64)).eval()
-    x = _tokens(2, hw, 16) * 2
+    softmax = randomise(GlobalAttention(16, 2, dtype=torch.float64)).eval()
+    x = tokens(2, hw, 16) * 2
     learned = LinformerAttention(16, 2, projection="learned", projected_size=hw, pos_size=hw, dtype=torch.float64)
     learned.load_state_dict(
         {**softmax.state_dict(), "key_projection": torch.eye(15), "value_projection": torch.eye(15)}

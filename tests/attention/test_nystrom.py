@@ -3,29 +3,17 @@ any map size, every parameter's gradient, and its argument checks."""
 
 import pytest
 import torch
+from _module_testing import randomise, tokens
 
 from linvit.attention import GlobalAttention, NystromAttention, create_attention
 from linvit.ops.nystrom import naive
 
 
-def _randomise(module, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.3)
-    return module
-
-
-def _tokens(batch, hw, channels, seed=1, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, hw[0] * hw[1], channels, generator=generator, dtype=torch.float64).to(dtype)
-
-
 @pytest.mark.parametrize("hw", [(6, 6), (5, 9), (2, 11)])
 @pytest.mark.parametrize("landmark_grid", [(2, 3), 4])
 def test_module_equals_the_reference(hw, landmark_grid):
-    module = _randomise(NystromAttention(24, 3, landmark_grid=landmark_grid, conv_kernel_size=3, dtype=torch.float64))
-    x = _tokens(2, hw, 24)
+    module = randomise(NystromAttention(24, 3, landmark_grid=landmark_grid, conv_kernel_size=3, dtype=torch.float64))
+    x = tokens(2, hw, 24)
     expected = module.proj(
         naive.nystrom_attention_qkv(
             module.qkv(x), hw=hw, num_heads=3, landmark_grid=module.landmark_grid, conv_weight=module.conv.weight
@@ -37,10 +25,10 @@ def test_module_equals_the_reference(hw, landmark_grid):
 def test_as_many_landmarks_as_tokens_give_softmax_attention_with_the_same_weights():
     """The module with m = N and no skip is `GlobalAttention` (same `qkv.*` and `proj.*` keys)."""
     hw = (3, 5)
-    softmax = _randomise(GlobalAttention(16, 2, dtype=torch.float64)).eval()
+    softmax = randomise(GlobalAttention(16, 2, dtype=torch.float64)).eval()
     nystrom = NystromAttention(16, 2, landmark_grid=hw, pinv_iterations=30, conv_kernel_size=0, dtype=torch.float64)
     nystrom.load_state_dict(softmax.state_dict())
-    x = _tokens(2, hw, 16) * 2
+    x = tokens(2, hw, 16) * 2
     torch.testing.assert_close(nystrom(x, hw), softmax(x, hw), rtol=1e-8, atol=1e-8)
 
 

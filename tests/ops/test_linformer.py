@@ -7,16 +7,10 @@ import importlib.util
 
 import pytest
 import torch
-from _softmax_reference import softmax_attention
+from _op_testing import assert_torch_backend_equals_naive, random_qkv, softmax_attention
 
 from linvit.ops import linformer_attention_qkv
 from linvit.ops._cells import cell_bounds
-
-
-def _qkv(batch: int, hw: tuple[int, int], channels: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    shape = (batch, hw[0] * hw[1], 3 * channels)
-    return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).requires_grad_(True)
 
 
 def _projections(count: int, tokens: int, seed: int = 1) -> dict:
@@ -60,24 +54,15 @@ def _arguments(case: dict) -> dict:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_torch_backend_equals_naive_in_value_and_gradients(name):
     case = CASES[name]
-    qkv = _qkv(2, case["hw"], case["heads"] * 8)
+    qkv = random_qkv(2, case["hw"], case["heads"] * 8)
     arguments = _arguments(case)
-    leaves = [qkv] + [value for value in arguments.values() if isinstance(value, torch.Tensor)]
-    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
-    results = []
-    for backend in ("naive", "torch"):
-        out = linformer_attention_qkv(qkv, backend=backend, **arguments)
-        results.append((out, torch.autograd.grad(out, leaves, grad_out)))
-    (expected, expected_grads), (out, grads) = results
-    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
-    for got, want in zip(grads, expected_grads):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    assert_torch_backend_equals_naive(linformer_attention_qkv, qkv, arguments)
 
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])
 def test_with_an_identity_projection_it_is_softmax_attention(backend):
     hw = (3, 5)
-    qkv = _qkv(2, hw, 16, scale=1.5)
+    qkv = random_qkv(2, hw, 16, scale=1.5)
     expected = softmax_attention(qkv, 2)
     identity = torch.eye(15, dtype=torch.float64)
     learned = linformer_attention_qkv(
@@ -93,14 +78,14 @@ def test_with_an_identity_projection_it_is_softmax_attention(backend):
 
 @pytest.mark.parametrize("hw,cells", [((6, 8), (2, 4)), ((5, 7), (2, 3))])
 def test_pooling_is_the_learned_form_with_cell_averages_as_projection(hw, cells):
-    qkv = _qkv(2, hw, 16).detach()
+    qkv = random_qkv(2, hw, 16).detach()
     average = cell_average_matrix(hw, cells)
     learned = linformer_attention_qkv(qkv, hw=hw, num_heads=2, key_projection=average, value_projection=average)
     torch.testing.assert_close(linformer_attention_qkv(qkv, hw=hw, num_heads=2, pool_grid=cells), learned)
 
 
 def test_dropout_acts_on_the_attention_probabilities():
-    qkv = _qkv(2, (4, 4), 16).detach()
+    qkv = random_qkv(2, (4, 4), 16).detach()
     arguments = {"hw": (4, 4), "num_heads": 2, "pool_grid": 2}
     plain = linformer_attention_qkv(qkv, **arguments)
     torch.manual_seed(0)
@@ -110,7 +95,7 @@ def test_dropout_acts_on_the_attention_probabilities():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_and_autocast_stay_finite_through_float32_math(dtype):
-    qkv = _qkv(2, (6, 7), 32, scale=30.0).detach()
+    qkv = random_qkv(2, (6, 7), 32, scale=30.0).detach()
     projections = {name: value.detach().float() for name, value in _projections(5, 42).items()}
     for form in ({"pool_grid": 3}, projections):
         reference = linformer_attention_qkv(qkv.float(), hw=(6, 7), num_heads=2, **form)
@@ -127,7 +112,7 @@ def test_half_inputs_and_autocast_stay_finite_through_float32_math(dtype):
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])
 def test_gradcheck_float64(backend):
-    qkv = _qkv(1, (2, 3), 8)
+    qkv = random_qkv(1, (2, 3), 8)
     projections = _projections(4, 6)
 
     def function(qkv, key_projection, value_projection):
@@ -141,7 +126,7 @@ def test_gradcheck_float64(backend):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_triton_backend_runs_the_eager_path():
-    qkv = _qkv(1, (3, 4), 16).detach().float()
+    qkv = random_qkv(1, (3, 4), 16).detach().float()
     expected = linformer_attention_qkv(qkv, hw=(3, 4), num_heads=2, pool_grid=2, backend="torch")
     torch.testing.assert_close(
         linformer_attention_qkv(qkv, hw=(3, 4), num_heads=2, pool_grid=2, backend="triton"), expected
@@ -149,12 +134,12 @@ def test_triton_backend_runs_the_eager_path():
 
 
 def test_an_empty_batch_returns_an_empty_output():
-    qkv = _qkv(1, (3, 4), 16).detach()[:0]
+    qkv = random_qkv(1, (3, 4), 16).detach()[:0]
     assert linformer_attention_qkv(qkv, hw=(3, 4), num_heads=2, pool_grid=2).shape == (0, 12, 16)
 
 
 def test_bad_arguments_say_what_is_expected():
-    qkv = _qkv(1, (3, 4), 16).detach()
+    qkv = random_qkv(1, (3, 4), 16).detach()
     projection = torch.randn(5, 12, dtype=torch.float64)
     with pytest.raises(ValueError, match="not neither"):
         linformer_attention_qkv(qkv, hw=(3, 4), num_heads=2)

@@ -8,18 +8,12 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from _softmax_reference import softmax_attention
+from _op_testing import assert_torch_backend_equals_naive, random_qkv, softmax_attention
 
 from linvit.ops import nystrom_attention_qkv
 from linvit.ops._cells import cell_bounds, cell_means, cell_means_reference
 from linvit.ops.nystrom import naive
 from linvit.ops.nystrom import torch as eager
-
-
-def _qkv(batch: int, hw: tuple[int, int], channels: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    shape = (batch, hw[0] * hw[1], 3 * channels)
-    return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).requires_grad_(True)
 
 
 @pytest.mark.parametrize(
@@ -89,25 +83,16 @@ def _case_arguments(case: dict, seed: int = 1) -> dict:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_torch_backend_equals_naive_in_value_and_gradients(name):
     case = CASES[name]
-    qkv = _qkv(2, case["hw"], case["heads"] * case["head_dim"])
+    qkv = random_qkv(2, case["hw"], case["heads"] * case["head_dim"])
     arguments = _case_arguments(case)
-    leaves = [qkv] + [value for value in arguments.values() if isinstance(value, torch.Tensor)]
-    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
-    results = []
-    for backend in ("naive", "torch"):
-        out = nystrom_attention_qkv(qkv, backend=backend, **arguments)
-        results.append((out, torch.autograd.grad(out, leaves, grad_out)))
-    (expected, expected_grads), (out, grads) = results
-    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
-    for got, want in zip(grads, expected_grads):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    assert_torch_backend_equals_naive(nystrom_attention_qkv, qkv, arguments)
 
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])
 @pytest.mark.parametrize("hw", [(3, 4), (2, 5)])
 def test_with_as_many_landmarks_as_tokens_it_is_softmax_attention(backend, hw):
     """m = N: every token its own cell, F = A = B, and F A⁺ B v = A v once the pseudo-inverse has converged."""
-    qkv = _qkv(2, hw, 32, scale=1.5)
+    qkv = random_qkv(2, hw, 32, scale=1.5)
     out = nystrom_attention_qkv(qkv, hw=hw, num_heads=2, landmark_grid=hw, pinv_iterations=30, backend=backend)
     torch.testing.assert_close(out, softmax_attention(qkv, 2), rtol=1e-8, atol=1e-8)
     # a grid larger than the map is clamped to it: the same
@@ -134,7 +119,7 @@ def test_the_skip_is_each_heads_conv_of_its_values():
     """The skip alone (no landmark mixing to compare against): the output minus the output without the conv is a
     depthwise conv of each head's channels with that head's kernel, computed here with nn.Conv2d per head."""
     hw, heads, head_dim = (4, 5), 2, 3
-    qkv = _qkv(1, hw, heads * head_dim).detach()
+    qkv = random_qkv(1, hw, heads * head_dim).detach()
     weight = torch.randn(heads, 1, 3, 3, dtype=torch.float64)
     with_skip = nystrom_attention_qkv(qkv, hw=hw, num_heads=heads, landmark_grid=2, conv_weight=weight)
     without = nystrom_attention_qkv(qkv, hw=hw, num_heads=heads, landmark_grid=2)
@@ -150,7 +135,7 @@ def test_the_skip_is_each_heads_conv_of_its_values():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_and_autocast_stay_finite_through_float32_math(dtype):
-    qkv = _qkv(2, (6, 7), 32, scale=30.0).detach()
+    qkv = random_qkv(2, (6, 7), 32, scale=30.0).detach()
     reference = nystrom_attention_qkv(qkv.float(), hw=(6, 7), num_heads=2, landmark_grid=(3, 3))
     out = nystrom_attention_qkv(qkv.to(dtype), hw=(6, 7), num_heads=2, landmark_grid=(3, 3))
     assert out.dtype == dtype and torch.isfinite(out).all()
@@ -162,7 +147,7 @@ def test_half_inputs_and_autocast_stay_finite_through_float32_math(dtype):
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])
 def test_gradcheck_float64(backend):
-    qkv = _qkv(1, (2, 3), 8)
+    qkv = random_qkv(1, (2, 3), 8)
     weight = torch.randn(2, 1, 3, 3, dtype=torch.float64, requires_grad=True)
 
     def function(qkv, weight):
@@ -175,18 +160,18 @@ def test_gradcheck_float64(backend):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_triton_backend_runs_the_eager_path():
-    qkv = _qkv(1, (3, 4), 16).detach().float()
+    qkv = random_qkv(1, (3, 4), 16).detach().float()
     expected = nystrom_attention_qkv(qkv, hw=(3, 4), num_heads=2, backend="torch")
     torch.testing.assert_close(nystrom_attention_qkv(qkv, hw=(3, 4), num_heads=2, backend="triton"), expected)
 
 
 def test_an_empty_batch_returns_an_empty_output():
-    qkv = _qkv(1, (3, 4), 16).detach()[:0]
+    qkv = random_qkv(1, (3, 4), 16).detach()[:0]
     assert nystrom_attention_qkv(qkv, hw=(3, 4), num_heads=2, landmark_grid=2).shape == (0, 12, 16)
 
 
 def test_bad_arguments_say_what_is_expected():
-    qkv = _qkv(1, (3, 4), 16).detach()
+    qkv = random_qkv(1, (3, 4), 16).detach()
     with pytest.raises(ValueError, match=r"hw=\(3, 5\) gives 15 tokens but qkv has 12"):
         nystrom_attention_qkv(qkv, hw=(3, 5), num_heads=2)
     with pytest.raises(ValueError, match="C divisible by num_heads=3"):
