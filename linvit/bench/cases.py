@@ -14,6 +14,8 @@ OPERATORS = {
     "authors_focused": "FLatten authors' formulation, restated (linvit/bench/baselines.py): the baseline to beat",
     "linvit_linear": "linvit plain ReLU linear attention (`create_attention('linear')`)",
     "linvit_window": "linvit WindowAttention 7×7 softmax",
+    "linvit_nystrom": "linvit NystromAttention (Nyströmformer: 8×8 landmarks, 6 pseudo-inverse steps, 5×5 skip)",
+    "linvit_linformer": "linvit LinformerAttention (Linformer: keys and values pooled to 16×16 cells)",
     "timm_window_sdpa": "timm Swin WindowAttention 7×7 through SDPA (+ pad/partition)",
     "timm_window_eager": "timm Swin WindowAttention 7×7, timm's default eager path (+ pad/partition)",
     "sdpa_global": "global softmax through `F.scaled_dot_product_attention` (O(N²))",

@@ -44,6 +44,11 @@ def build_operator(name: str, dim: int, num_heads: int, hw: tuple[int, int], dev
         return attention.create_attention("linear", dim, num_heads, **dd)
     if name == "linvit_window":
         return attention.create_attention("window", dim, num_heads, window_size=7, **dd)
+    if name in ("linvit_nystrom", "linvit_linformer"):  # with their defaults: 8×8 landmarks, 16×16 pooled cells
+        kind = name.removeprefix("linvit_")
+        if kind not in getattr(attention, "ATTENTION_NAMES", ()):
+            raise Unavailable(f"linvit.attention has no {kind!r} attention yet")
+        return attention.create_attention(kind, dim, num_heads, **dd)
     raise ValueError(f"unknown operator {name!r}")
 
 
