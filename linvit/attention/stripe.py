@@ -28,15 +28,19 @@ from linvit.attention.focused import FocusedLinearAttention
 
 __all__ = [
     "DIRECTIONS",
+    "WHOLE_MAP",
     "FocusedLinearLePEAttention",
     "LePEAttention",
     "StripeAttention",
     "StripeBranches",
     "stripe_attention_reference",
     "stripe_branches",
+    "stripe_window",
 ]
 
 DIRECTIONS = ("vertical", "horizontal", "full")
+# a window extent longer than any map: windows (WHOLE_MAP, s) are clamped to (H, s), vertical stripes of the map
+WHOLE_MAP = 2**31 - 1
 
 torch.fx.wrap("padding_valid_map")
 
@@ -44,6 +48,21 @@ torch.fx.wrap("padding_valid_map")
 def _depthwise_conv3x3(dim: int, device=None, dtype=None) -> nn.Conv2d:
     """CSwin's LePE convolution (`get_v`)."""
     return nn.Conv2d(dim, dim, 3, padding=1, groups=dim, device=device, dtype=dtype)
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}.")
+
+
+def stripe_window(direction: str, split_size: int, hw: tuple[int, int]) -> tuple[int, int]:
+    """The (rows, columns) of one stripe of an (H, W) map: (H, split_size) vertical, (split_size, W) horizontal,
+    (H, W) full; a stripe never wider than the map."""
+    if direction == "vertical":
+        return hw[0], min(split_size, hw[1])
+    if direction == "horizontal":
+        return min(split_size, hw[0]), hw[1]
+    return hw[0], hw[1]
 
 
 class LePEAttention(nn.Module):
@@ -63,8 +82,7 @@ class LePEAttention(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}.")
+        _check_direction(direction)
         check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
@@ -75,11 +93,7 @@ class LePEAttention(nn.Module):
 
     def stripe(self, hw: tuple[int, int]) -> tuple[int, int]:
         """The (rows, columns) of one stripe of an (H, W) map."""
-        if self.direction == "vertical":
-            return hw[0], min(self.split_size, hw[1])
-        if self.direction == "horizontal":
-            return min(self.split_size, hw[0]), hw[1]
-        return hw[0], hw[1]
+        return stripe_window(self.direction, self.split_size, hw)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         batch = x.shape[0]
@@ -115,10 +129,16 @@ class LePEAttention(nn.Module):
 
 
 class FocusedLinearLePEAttention(nn.Module):
-    """FLatten's global focused linear attention plus CSwin's LePE, on a block's q|k|v: (B, N, 3C) -> (B, N, C).
+    """FLatten's focused linear attention plus CSwin's LePE, on a block's q|k|v: (B, N, 3C) -> (B, N, C).
 
     out = focused(q, k, v) + DWC(v) + get_v(v), where `focused` is a `FocusedLinearAttention` without projections
     (keys `focused.{scale, positional_encoding, dwc.*}`) and `get_v` the 3x3 depthwise LePE convolution.
+
+    ``direction`` "full" (default) attends over the whole map, with a positional table of the map's grid
+    ``pos_size``. "vertical" / "horizontal" attend within stripes ``split_size`` wide, as tall / wide as the map
+    (the FLatten authors' ``la_split_size`` stripes): the linear attention, its DWC and the LePE run per stripe, and
+    ``pos_size`` is the grid of one stripe (resized bicubically to the stripe of another map). A map that is no
+    multiple of the stripe is zero-padded and its padded keys are masked out, as `FocusedLinearAttention` windows.
     """
 
     def __init__(
@@ -130,9 +150,22 @@ class FocusedLinearLePEAttention(nn.Module):
         dwc_kernel_size: int = 5,
         device=None,
         dtype=None,
+        *,
+        direction: str = "full",
+        split_size: int = 0,
     ):
         super().__init__()
+        _check_direction(direction)
+        if direction != "full" and split_size < 1:
+            raise ValueError(f"{direction} stripes need a split_size >= 1 (the stripe width), got {split_size}.")
         self.dim = dim
+        self.direction = direction
+        self.split_size = split_size
+        window = None
+        if direction == "vertical":
+            window = (WHOLE_MAP, split_size)
+        elif direction == "horizontal":
+            window = (split_size, WHOLE_MAP)
         self.focused = FocusedLinearAttention(
             dim,
             num_heads,
@@ -140,6 +173,7 @@ class FocusedLinearLePEAttention(nn.Module):
             dwc_kernel_size=dwc_kernel_size,
             pos_encoding="learnable",
             pos_size=pos_size,
+            window_size=window,
             with_projections=False,
             device=device,
             dtype=dtype,
@@ -149,8 +183,30 @@ class FocusedLinearLePEAttention(nn.Module):
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         out = self.focused(x, hw)
         v = x[:, :, 2 * self.dim :]
-        image = v.transpose(1, 2).reshape(x.shape[0], self.dim, hw[0], hw[1])
-        return out + self.get_v(image).flatten(2).transpose(1, 2)
+        if self.direction == "full":
+            image = v.transpose(1, 2).reshape(x.shape[0], self.dim, hw[0], hw[1])
+            return out + self.get_v(image).flatten(2).transpose(1, 2)
+        return out + self._stripe_lepe(v, hw, stripe_window(self.direction, self.split_size, hw))
+
+    def _stripe_lepe(self, v: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> Tensor:
+        """LePE per stripe: `get_v` on each (window) stripe of the (B, N, C) values, zero-padded at the stripe's
+        border, as CSwin convolves each stripe on its own; (B, N, C) out."""
+        batch = v.shape[0]
+        pad_h = (window[0] - hw[0] % window[0]) % window[0]
+        pad_w = (window[1] - hw[1] % window[1]) % window[1]
+        padded_hw = (hw[0] + pad_h, hw[1] + pad_w)
+        stripes = window_partition(pad_grid(v.reshape(batch, hw[0], hw[1], self.dim), pad_h, pad_w), window)
+        lepe = self.get_v(stripes.transpose(1, 2).reshape(-1, self.dim, window[0], window[1]))
+        lepe = window_reverse(lepe.flatten(2).transpose(1, 2), window, padded_hw)[:, : hw[0], : hw[1], :]
+        return lepe.reshape(batch, hw[0] * hw[1], self.dim)
+
+    @torch.jit.ignore
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Resize the positional table to the stripe of a map of ``grid`` (the whole grid for "full")."""
+        self.focused.set_pos_size(stripe_window(self.direction, self.split_size, grid))
+
+    def extra_repr(self) -> str:
+        return self.direction if self.direction == "full" else f"{self.direction}, split_size={self.split_size}"
 
 
 class StripeBranches(nn.ModuleList):

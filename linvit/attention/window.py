@@ -2,8 +2,9 @@
 
 The module does what Swin's block does around its attention: pads the map to a multiple of the window, rolls it by
 the shift, partitions it into windows, and undoes all three afterwards; with a shift or padding each way is one
-gather (`index_select` with an index cached per size) instead of a copy per step, otherwise a reshape. Softmax runs through `F.scaled_dot_product_attention` with the
-relative position bias (and the masks below) as an additive mask in q's dtype, laid out as the fused kernels read it.
+gather (`index_select` with an index cached per size) instead of a copy per step, otherwise a reshape. Softmax runs
+through `F.scaled_dot_product_attention` with the relative position bias (and the masks below) as an additive mask in
+q's dtype, laid out as the fused kernels read it.
 
 Masks: with a shift, tokens attend only to tokens of their own region of the rolled map (Swin's mask). With padding,
 real tokens do not attend to padded ones (Swin pads with zeros and lets padding take part; linvit masks it so results
@@ -31,7 +32,13 @@ from linvit.attention._windows import (
     window_token_index,
 )
 
-__all__ = ["WindowAttention", "relative_position_index", "relative_position_bias", "shifted_window_mask"]
+__all__ = [
+    "WindowAttention",
+    "centre_relative_position_bias",
+    "relative_position_index",
+    "relative_position_bias",
+    "shifted_window_mask",
+]
 
 torch.fx.wrap("check_token_grid")
 
@@ -41,6 +48,27 @@ def relative_position_index(window: tuple[int, int]) -> Tensor:
     coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]), indexing="ij")).flatten(1)
     offsets = coords[:, :, None] - coords[:, None, :]  # (2, n, n)
     return (offsets[0] + window[0] - 1) * (2 * window[1] - 1) + (offsets[1] + window[1] - 1)
+
+
+def centre_relative_position_bias(table: Tensor, window: tuple[int, int], new_window: tuple[int, int]) -> Tensor:
+    """A ((2wh-1)(2ww-1), heads) relative position bias table of a `window` as the table of `new_window`, by offset.
+
+    The table is indexed by the offset between two tokens, so a window clamped to a small map reads the central rows
+    and columns of its full table (`window_bias_index`). Here the same offsets keep the same bias: a larger window's
+    table is cropped to its centre, a smaller one lands in the centre of the new table, whose offsets beyond the old
+    ones take the bias of the nearest old offset (the edge row or column repeated). Exact where the old window was the
+    clamped form of the new one (the FLatten authors shrink windows and tables to maps smaller than the window).
+    """
+    old_rows, old_cols = 2 * window[0] - 1, 2 * window[1] - 1
+    if table.shape[0] != old_rows * old_cols:
+        raise ValueError(
+            f"a relative position bias table of a {window[0]}x{window[1]} window has {old_rows * old_cols} rows, got "
+            f"{table.shape[0]}; pass the window the table was made for."
+        )
+    rows = (torch.arange(2 * new_window[0] - 1) + window[0] - new_window[0]).clamp(0, old_rows - 1)
+    cols = (torch.arange(2 * new_window[1] - 1) + window[1] - new_window[1]).clamp(0, old_cols - 1)
+    index = (rows.unsqueeze(1) * old_cols + cols.unsqueeze(0)).flatten().to(table.device)
+    return table[index]
 
 
 def window_bias_index(index: Tensor, full_window: tuple[int, int], window: tuple[int, int], columns: int) -> Tensor:

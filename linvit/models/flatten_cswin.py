@@ -7,10 +7,12 @@ Papers:
 Architecture as in the FLatten authors' release (LeapLabTHU/FLatten-Transformer, `attn_type: LLSS`):
 - stem: 7x7/4 convolution + LayerNorm; between stages a 3x3/2 convolution + LayerNorm doubling the channels;
 - every block: `qkv` Linear at block level, the attention branches, `proj`, then an MLP;
-- linear ("L") blocks, stages 1-2: their stripe equals the stage resolution (56/28 at 224, 96/48 at 384), so each
-  block is ONE global focused linear attention over all channels and heads (learnable positional encoding on k,
-  shared 5x5 depthwise conv on v) plus CSWin's locally-enhanced positional encoding: a 3x3 depthwise conv of v
-  (`get_v`) added to the output;
+- linear ("L") blocks, stages 1-2: their stripe (`la_split_size`, 56-28-14-7 at 224, 96-48-24-12 at 384) equals the
+  stage resolution, so each block is ONE global focused linear attention over all channels and heads (learnable
+  positional encoding on k, shared 5x5 depthwise conv on v) plus CSWin's locally-enhanced positional encoding: a 3x3
+  depthwise conv of v (`get_v`) added to the output. With ``la_split_size`` narrower than a stage's map at
+  ``img_size`` (the authors' models built at 448 keep 56-28-14-7), such a block has two branches, as theirs: half
+  the channels and heads in vertical stripes (map height x split), half in horizontal ones, each with its own tables;
 - softmax ("S") blocks, stages 3-4: CSWin's cross-shaped window attention with LePE: in stage 3 half the channels
   and heads attend within vertical stripes (full height x `split_size` columns), the other half within horizontal
   stripes; in stage 4 one branch attends over the whole map;
@@ -19,11 +21,13 @@ Architecture as in the FLatten authors' release (LeapLabTHU/FLatten-Transformer,
 Any input size: the linear blocks resize their positional encoding to the map (bicubic); the stripe attention pads
 the map to a multiple of the stripe width and masks the padded keys out of the softmax (padded values are zeros,
 exactly the LePE convolution's own zero padding at the border), then crops. The structure (branches per block) is
-fixed by the stage index, not by `img_size`, so any checkpoint loads at any resolution.
+fixed by the stage index, not by `img_size`, so any checkpoint loads at any resolution; only ``la_split_size`` makes
+the linear stages' branches depend on the maps at ``img_size``, as the authors' code does.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,9 +40,11 @@ from linvit.attention import (
     FocusedLinearLePEAttention,
     LePEAttention,
     StripeBranches,
+    resize_positional_table,
     stage_attention_specs,
     stripe_branches,
 )
+from linvit.attention.stripe import stripe_window
 from linvit.layers import (
     ClassifierHeadMixin,
     StagedBackbone,
@@ -73,12 +79,34 @@ _BRANCH_ARGUMENTS = {
 
 
 def _attention_branches(name: str, dim: int, num_heads: int, kwargs: dict[str, Any], device=None, dtype=None):
-    """The branches of a block of attention ``name`` ("focused" or "stripe") from its stage's keywords."""
+    """The branches of a block of attention ``name`` ("focused" or "stripe") from its stage's keywords.
+
+    A focused stage with a ``linear_split`` (the authors' ``la_split_size``) has a vertical and a horizontal branch
+    of stripes that wide, each on half the channels and heads, with tables of one stripe of the map ``pos_size``.
+    """
     if name == "focused":
-        branch = FocusedLinearLePEAttention(
-            dim, num_heads, kwargs["pos_size"], kwargs["focusing_factor"], kwargs["dwc_kernel_size"], device, dtype
+        options = (kwargs["focusing_factor"], kwargs["dwc_kernel_size"], device, dtype)
+        split = kwargs.get("linear_split")
+        if split is None:
+            return StripeBranches([FocusedLinearLePEAttention(dim, num_heads, kwargs["pos_size"], *options)])
+        if dim % 2 or num_heads % 2:
+            raise ValueError(
+                f"two stripe branches split dim={dim} and num_heads={num_heads} evenly; use multiples of 2, or no "
+                "la_split_size for this stage."
+            )
+        return StripeBranches(
+            [
+                FocusedLinearLePEAttention(
+                    dim // 2,
+                    num_heads // 2,
+                    stripe_window(direction, split, kwargs["pos_size"]),
+                    *options,
+                    direction=direction,
+                    split_size=split,
+                )
+                for direction in ("vertical", "horizontal")
+            ]
         )
-        return StripeBranches([branch])
     return stripe_branches(
         dim, num_heads, kwargs["split_size"], kwargs["directions"], kwargs["attn_drop"], device=device, dtype=dtype
     )
@@ -139,6 +167,13 @@ class FlattenCSwin(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
 
     ``attn_layers``: "focused" or "stripe" per stage (or the authors' letters, ``"LLSS"``); ``split_size``: the
     stripe width per stage (the last stage's stripes cover the whole map, as CSwin's).
+
+    ``la_split_size``: the stripe width of the linear ("focused") stages, per stage, or the authors' string
+    (``"56-28-14-7"``). None (default): every linear block attends over its whole map, which is what the authors'
+    stripes do at their native size (the stripe is the map). Given, a linear stage whose map at ``img_size`` is
+    not its stripe (and is not the last stage) gets two stripe branches, as in the authors' code: 56-28-14-7 at 448
+    gives stage 1 vertical 112x56 and horizontal 56x112 stripes. Their checkpoints built that way load only into a
+    model built that way (``img_size`` and ``la_split_size`` of their config).
     """
 
     def __init__(
@@ -152,6 +187,7 @@ class FlattenCSwin(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         num_heads: Sequence[int] = (2, 4, 8, 16),
         split_size: Sequence[int] = (1, 2, 7, 7),
         attn_layers: Any = "LLSS",
+        la_split_size: Sequence[int] | str | None = None,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         focusing_factor: float = 3.0,
@@ -173,6 +209,7 @@ class FlattenCSwin(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
             )
         specs = stage_attention_specs(attn_layers, num_stages, self.model_name, ATTN_ALIASES, tuple(_BRANCH_ARGUMENTS))
         self.attn_layers = tuple(name for name, _ in specs)
+        self.la_split_size = _linear_splits(la_split_size, num_stages)
         dims = [embed_dim * 2**i for i in range(num_stages)]
         self.num_features = self.head_hidden_size = dims[-1]
 
@@ -195,6 +232,8 @@ class FlattenCSwin(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                     f"{', '.join(unknown)}."
                 )
             attn_kwargs = stage_attention_kwargs(name, explicit, options, pos_size=grids[i])
+            if name == "focused":
+                attn_kwargs["linear_split"] = self.linear_split(i, grids[i])
             downsample = ConvNorm(dims[i - 1], dims[i], 3, 2, **dd) if i > 0 else None
             blocks = [
                 FlattenCSwinBlock(
@@ -220,27 +259,163 @@ class FlattenCSwin(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         """7x7/4 stem with padding 2, then 3x3/2 merges with padding 1."""
         return conv_grids(img_size, self.num_stages, stem=(7, 4, 2), downsample=(3, 2, 1))
 
+    def linear_split(self, stage: int, grid: tuple[int, int]) -> int | None:
+        """The stripe width of linear stage ``stage`` with a map of ``grid`` at ``img_size``: None (one branch over the
+        whole map) without ``la_split_size``, in the last stage, or where the stripe is the map (the authors'
+        ``patches_resolution == split_size``); else ``la_split_size[stage]``."""
+        if self.la_split_size is None or stage == self.num_stages - 1:
+            return None
+        split = self.la_split_size[stage]
+        return None if grid == (split, split) else split
+
+    def resize_tables(self, img_size: tuple[int, int]) -> None:
+        """Each linear branch's positional table to its stripe (or whole map) at ``img_size`` (bicubic)."""
+        for stage, grid in zip(self.stage_modules(), self.stage_grids(img_size)):
+            for module in stage.modules():
+                if isinstance(module, FocusedLinearLePEAttention):
+                    module.set_grid(grid)
+
+
+def _linear_splits(la_split_size: Sequence[int] | str | None, num_stages: int) -> tuple[int, ...] | None:
+    """``la_split_size`` as one positive int per stage (the authors write "56-28-14-7"), or None."""
+    if la_split_size is None:
+        return None
+    parts = la_split_size.split("-") if isinstance(la_split_size, str) else list(la_split_size)
+    try:
+        splits = tuple(int(part) for part in parts)
+    except (TypeError, ValueError):
+        splits = ()
+    if len(splits) != num_stages or min(splits) < 1:
+        raise ValueError(
+            f"la_split_size needs one positive stripe width per stage ({num_stages}), got {la_split_size!r}; e.g. "
+            f"'56-28-14-7' or (56, 28, 14, 7)."
+        )
+    return splits
+
+
+_BRANCH_KEY = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.attns\.(\d+)\.")
+
+
+def _checkpoint_branches(state_dict: dict[str, torch.Tensor]) -> dict[tuple[int, int], dict[int, str]]:
+    """Per block (stage, index) of a linvit-layout state dict: its branches, each "linear" or "stripe" by its keys."""
+    blocks: dict[tuple[int, int], dict[int, str]] = {}
+    for key in state_dict:
+        match = _BRANCH_KEY.match(key)
+        if match:
+            stage, index, branch = (int(group) for group in match.groups())
+            kinds = blocks.setdefault((stage, index), {})
+            if ".focused." in key or kinds.get(branch) == "linear":
+                kinds[branch] = "linear"
+            else:
+                kinds[branch] = "stripe"
+    return blocks
+
+
+def _structure_error(stage: int, theirs: dict[int, str], branches: StripeBranches, grid: tuple[int, int]) -> str:
+    """One sentence on how a block's branches differ between checkpoint and model, and how to build a model that
+    fits (the loader reports a filter's first sentence)."""
+    ours = ["linear" if isinstance(branch, FocusedLinearLePEAttention) else "stripe" for branch in branches]
+    kinds = {"linear": "focused linear attention", "stripe": "stripe softmax attention"}
+    if set(theirs.values()) != set(ours):
+        letters = {"linear": "L", "stripe": "S"}
+        return (
+            f"stage {stage + 1} of the checkpoint is {kinds[next(iter(theirs.values()))]} but stage {stage + 1} of the "
+            f"model is {kinds[ours[0]]}: build the model with the checkpoint's attention per stage in attn_layers "
+            f"(here {letters[next(iter(theirs.values()))]} for stage {stage + 1}; L = linear, S = stripe softmax)"
+        )
+    if ours == ["linear"]:
+        return (
+            f"stage {stage + 1} of the checkpoint attends in {len(theirs)} linear stripe branches (the authors' "
+            f"la_split_size narrower than the map) but the model in one branch over its whole {grid[0]}x{grid[1]} map: "
+            "build the model with the checkpoint's la_split_size and img_size, e.g. la_split_size='56-28-14-7', "
+            "img_size=448 for their config at 448"
+        )
+    if ours[0] == "linear":
+        split = branches[0].split_size
+        return (
+            f"stage {stage + 1} of the checkpoint attends in one linear branch over the whole map but the model in "
+            f"{len(ours)} stripe branches ({split} wide on its {grid[0]}x{grid[1]} map at img_size): build the model "
+            "without la_split_size, or at the img_size the checkpoint was trained at, where its stripes are the map"
+        )
+    return (
+        f"stage {stage + 1} of the checkpoint has {len(theirs)} stripe branches per block but the model "
+        f"{len(ours)}: build the model with the checkpoint's stage layout (depths, attn_layers)"
+    )
+
+
+def _match_branches(state_dict: dict[str, torch.Tensor], model: FlattenCSwin) -> dict[str, torch.Tensor]:
+    """Check that every block has the model's branches; ValueError naming the difference otherwise.
+
+    One case converts exactly: a stripe-softmax block that the authors built with one branch over the whole map
+    (their blocks whose map equals the stripe width, e.g. stage 3 of a 112 input) equals linvit's two branches whose
+    stripes cover that map, with half the channels and heads each: its LePE weights are split between them.
+    """
+    grids = model.stage_grids(model.img_size)
+    for (stage, index), theirs in _checkpoint_branches(state_dict).items():
+        if stage >= len(model.stages) or index >= len(model.stages[stage].blocks):
+            continue  # the loader reports blocks the model lacks
+        branches = model.stages[stage].blocks[index].attns
+        if len(theirs) == len(branches) and all(
+            theirs.get(i) == ("linear" if isinstance(branch, FocusedLinearLePEAttention) else "stripe")
+            for i, branch in enumerate(branches)
+        ):
+            continue
+        halves = [branch.direction for branch in branches] == ["vertical", "horizontal"]
+        prefix = f"stages.{stage}.blocks.{index}.attns."
+        if theirs == {0: "stripe"} and halves and isinstance(branches[0], LePEAttention):
+            for suffix in ("get_v.weight", "get_v.bias"):
+                first, second = state_dict.pop(prefix + "0." + suffix).chunk(2)
+                state_dict[prefix + "0." + suffix], state_dict[prefix + "1." + suffix] = first, second
+            continue
+        raise ValueError(_structure_error(stage, theirs, branches, grids[stage]))
+    return state_dict
+
+
+def _resize_stripe_tables(state_dict: dict[str, torch.Tensor], model: FlattenCSwin) -> dict[str, torch.Tensor]:
+    """Stripe branches' positional tables at the model's stripe grid (bicubic). A checkpoint's stripe is taken to be
+    as wide as the model's (the same ``la_split_size``): vertical tables of n positions are (n / split, split)."""
+    for name, branch in model.named_modules():
+        if not isinstance(branch, FocusedLinearLePEAttention) or branch.direction == "full":
+            continue
+        key = f"{name}.focused.positional_encoding"
+        table = state_dict.get(key)
+        if table is None or table.shape[1:] == branch.focused.positional_encoding.shape[1:]:
+            continue
+        positions, split = table.shape[1], branch.split_size
+        if positions % split:
+            raise ValueError(
+                f"{key} has {positions} positions, not a whole number of {split}-wide stripe rows: the checkpoint's "
+                f"la_split_size differs from the model's ({split} in this stage); build the model with its own"
+            )
+        grid = (positions // split, split) if branch.direction == "vertical" else (split, positions // split)
+        state_dict[key] = resize_positional_table(table, grid, branch.focused.pos_size)
+    return state_dict
+
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
     """Convert a FLatten-CSwin checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
 
     Renames `stage1_conv_embed.{0,2}` -> `stem.{conv,norm}`, `merge{s}` -> `stages.{s}.downsample`,
-    `stage{s}.{j}` -> `stages.{s-1}.blocks.{j}`, a linear branch's `attns.0.{scale,positional_encoding,dwc}` ->
-    `attns.0.focused.*`, `head` -> `head.fc`, and resizes the linear blocks' positional encodings when the model
-    was built for another resolution.
+    `stage{s}.{j}` -> `stages.{s-1}.blocks.{j}`, a linear branch's `attns.{b}.{scale,positional_encoding,dwc}` ->
+    `attns.{b}.focused.*`, `head` -> `head.fc`; checks that every block has the model's branches (`_match_branches`:
+    a ValueError names a difference, e.g. stripe branches from ``la_split_size``), and resizes the linear branches'
+    positional encodings when the model was built for another resolution.
     """
     state_dict = unwrap_checkpoint(state_dict)
     if is_converted(state_dict):
-        return resize_positional_encodings(dict(state_dict), model)
-    rules = [
-        (r"stage1_conv_embed\.0\.", "stem.conv."),
-        (r"stage1_conv_embed\.2\.", "stem.norm."),
-        (r"^merge(\d+)\.", r"stages.\1.downsample."),
-        (r"^stage(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
-        (r"\.attns\.0\.(scale|positional_encoding|dwc\.)", r".attns.0.focused.\1"),
-        (r"^head\.", "head.fc."),
-    ]
-    return resize_positional_encodings(rename_keys(state_dict, rules), model)
+        state_dict = dict(state_dict)
+    else:
+        rules = [
+            (r"stage1_conv_embed\.0\.", "stem.conv."),
+            (r"stage1_conv_embed\.2\.", "stem.norm."),
+            (r"^merge(\d+)\.", r"stages.\1.downsample."),
+            (r"^stage(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+            (r"\.attns\.(\d+)\.(scale|positional_encoding|dwc\.)", r".attns.\1.focused.\2"),
+            (r"^head\.", "head.fc."),
+        ]
+        state_dict = rename_keys(state_dict, rules)
+    state_dict = _resize_stripe_tables(_match_branches(state_dict, model), model)
+    return resize_positional_encodings(state_dict, model)
 
 
 def _create_flatten_cswin(variant: str, pretrained: bool = False, **kwargs) -> FlattenCSwin:

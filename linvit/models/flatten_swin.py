@@ -5,6 +5,11 @@ Stages 1-2 use focused linear attention inside a large "linear window" (56 at 22
 feature map, i.e. one global window without shift at the native resolution; stages 3-4 keep Swin's shifted-window
 softmax attention (window 7, 12 at 384) with relative position bias. Loads the authors' released checkpoints.
 
+Shifts, as the authors' blocks: every second block of a stage shifts its windows by half the window where the map is
+larger than the window. Softmax blocks mask the shifted regions (Swin); linear blocks roll the map without a mask
+(`ShiftedLinearBlock`: the authors' code passes the mask to the linear attention, which ignores it), so at 448 input
+(768 for B-384) stage 1 of the authors' model alternates plain and rolled 56x56 linear windows.
+
 Resolution policy (any input size; non-square and not a multiple of 32 is fine, padding happens inside):
 - ``img_size`` at creation sets the positional-encoding grid of each linear stage to its feature map at that size,
   clamped to the linear window; so a model created for 512 keeps 56x56 linear windows in stage 1 (the config's
@@ -12,19 +17,26 @@ Resolution policy (any input size; non-square and not a multiple of 32 is fine, 
 - At run time a linear stage whose map is larger than its table splits into padded windows of the table's size
   (linear cost, no interpolation); a map smaller than the table in some dimension attends globally over that
   dimension with the table interpolated bicubically. ``set_input_size(img_size=...)`` resizes the tables instead.
-- Softmax stages keep their window (clamped to the map, without shift, when the map is not larger than it).
+- Softmax stages keep their window (clamped to the map, without shift, when the map is not larger than it) and its
+  relative position table: a clamped window uses the table's central offsets.
 
 Layout differences to the authors' code, mapped by :func:`checkpoint_filter_fn`: patch merging sits at the start
 of the next stage (``layers.{i+1}.downsample``, as in timm's Swin) instead of the end of the current one, so stage
-outputs are at their own resolution; ``relative_position_index`` / ``attn_mask`` are computed, not stored.
+outputs are at their own resolution; ``relative_position_index`` / ``attn_mask`` are computed, not stored. Built below
+its native size, the authors' model shrinks a softmax window to its map and the relative position table with it
+(window 6 of a 96 input: an 11x11 table); linvit keeps the configured table and places such a table in its centre,
+where a clamped window reads it (see :func:`checkpoint_filter_fn`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from timm.layers import PatchEmbed, to_2tuple
 from timm.models import generate_default_cfgs, register_model
@@ -36,6 +48,7 @@ from linvit.attention import (
     shifted_block_kwargs,
     stage_attention_specs,
 )
+from linvit.attention.window import centre_relative_position_bias
 from linvit.layers import (
     LinearHeadMixin,
     PreNormBlock,
@@ -54,7 +67,7 @@ from linvit.models._family import (
     unwrap_checkpoint,
 )
 
-__all__ = ["FlattenSwin", "PatchMerging", "checkpoint_filter_fn"]
+__all__ = ["FlattenSwin", "PatchMerging", "ShiftedLinearBlock", "checkpoint_filter_fn", "roll_linear_windows"]
 
 # the authors' per-stage letters: L = focused linear attention (in a linear window), S = shifted-window softmax
 ATTN_ALIASES = {"L": "focused", "S": "window"}
@@ -89,6 +102,36 @@ class PatchMerging(nn.Module):
         # (B, H/2, W/2, w-offset, h-offset, C): flattening gives Swin's [x00, x10, x01, x11] channel blocks
         x = x.permute(0, 2, 4, 5, 3, 1).flatten(3)
         return self.reduction(self.norm(x)).permute(0, 3, 1, 2)
+
+
+@torch.fx.wrap  # branches on the map size: FX records one call
+def roll_linear_windows(x: torch.Tensor, hw: tuple[int, int], window: tuple[int, int], forward: bool) -> torch.Tensor:
+    """Roll (B, N, C) tokens of an (H, W) map by minus half the window (``forward``) or back, along each dimension
+    where the map is larger than the window; other dimensions (one window wide) and smaller maps stay as they are."""
+    shift_h = window[0] // 2 if hw[0] > window[0] else 0
+    shift_w = window[1] // 2 if hw[1] > window[1] else 0
+    if shift_h == 0 and shift_w == 0:
+        return x
+    if forward:
+        shift_h, shift_w = -shift_h, -shift_w
+    grid = x.reshape(x.shape[0], hw[0], hw[1], x.shape[-1])
+    return torch.roll(grid, (shift_h, shift_w), (1, 2)).reshape(x.shape)
+
+
+class ShiftedLinearBlock(PreNormBlock):
+    """A pre-norm block whose windowed linear attention sees the map rolled by half its window (the authors' shifted
+    linear blocks: a cyclic shift without a mask, so windows at the border join both edges of the map).
+
+    The attention is a `FocusedLinearAttention` with a ``window_size``; the roll applies along each dimension where
+    the map is larger than that window (padding for maps that are no multiple of it comes after the roll).
+    """
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        window = self.attn.window_size
+        assert window is not None
+        attended = self.attn(roll_linear_windows(self.norm1(x), hw, window, True), hw)
+        x = x + self.drop_path1(roll_linear_windows(attended, hw, window, False))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
 class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
@@ -132,6 +175,7 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         attn_layers: Any = ("focused", "focused", "window", "window"),
         linear_window_size: int | tuple[int, int] = 56,
         window_size: int = 7,
+        shift_linear_windows: bool = True,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         focusing_factor: float = 3.0,
@@ -186,8 +230,9 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
                 name, explicit, stage_options, window_size=window_size, pos_size=grids[i]
             )
             downsample = PatchMerging(embed_dims[i - 1], embed_dims[i], norm_layer, **dd) if i > 0 else None
+            linear_windows = not attention_kind(name).windowed and "window_size" in stage_kwargs
             blocks = [
-                PreNormBlock.build(
+                (ShiftedLinearBlock if shift_linear_windows and linear_windows and j % 2 == 1 else PreNormBlock).build(
                     embed_dims[i],
                     num_heads[i],
                     name,
@@ -227,18 +272,112 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
 
 # ---------------------------------------------------------------------- checkpoints
 _DROPPED_SUFFIXES = ("relative_position_index", "attn_mask", "relative_coords_table")
+_STAGE_KEY = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
+
+
+def _stage_of(key: str) -> int:
+    """The stage of a block key ``layers.{stage}.blocks.{j}...``, -1 for other keys."""
+    match = _STAGE_KEY.match(key)
+    return int(match.group(1)) if match else -1
+
+
+def _stage_letters(keys: Any, num_stages: int) -> list[str | None]:
+    """Per stage, the authors' letter of its attention as its keys show it: "L" (blocks with ``positional_encoding``
+    only), "S" (``relative_position_bias_table`` only), or None (other kinds, or no blocks)."""
+    tables: list[set[str]] = [set() for _ in range(num_stages)]
+    for key in keys:
+        match = _STAGE_KEY.match(key)
+        if match and int(match.group(1)) < num_stages:
+            for table in ("positional_encoding", "relative_position_bias_table"):
+                if key.endswith(f".attn.{table}"):
+                    tables[int(match.group(1))].add(table)
+    letters = {frozenset({"positional_encoding"}): "L", frozenset({"relative_position_bias_table"}): "S"}
+    return [letters.get(frozenset(found)) for found in tables]
+
+
+def _check_stage_attention(state_dict: dict[str, torch.Tensor], model: FlattenSwin) -> None:
+    """ValueError when a stage's attention kind (linear vs window softmax) differs between checkpoint and model.
+
+    The messages of checkpoint filters are one sentence: the loader reports the first sentence of a filter's error.
+    """
+    ours = _stage_letters(model.state_dict(), model.num_stages)
+    theirs = _stage_letters(state_dict, model.num_stages)
+    for i, (mine, found) in enumerate(zip(ours, theirs)):
+        if mine is not None and found is not None and mine != found:
+            kinds = {"L": "focused linear attention", "S": "window softmax attention"}
+            letters = "".join(letter or "?" for letter in theirs)
+            raise ValueError(
+                f"stage {i + 1} of the checkpoint is {kinds[found]} but stage {i + 1} of the model is {kinds[mine]}: "
+                f"build the model with the checkpoint's attention per stage, attn_layers={letters!r} (L = linear, "
+                "S = softmax)"
+            )
+
+
+def _shrunk_window_stages(state_dict: dict[str, torch.Tensor]) -> tuple[set[int], set[int]]:
+    """(stages whose softmax windows the authors' code shrank to the map, stages it shifted) in an authors' file.
+
+    Their blocks shift (and store an ``attn_mask``) exactly when the map is larger than the window; a stage whose
+    second block stores none had its window clamped to the map. Only files that keep the computed buffers
+    (``relative_position_index``) tell; others give two empty sets.
+    """
+    if not any(key.endswith(".relative_position_index") for key in state_dict):
+        return set(), set()
+    second_blocks, shifted = set(), set()
+    for key in state_dict:
+        match = _STAGE_KEY.match(key)
+        if match and match.group(2) == "1":
+            second_blocks.add(int(match.group(1)))
+            if key.endswith(".attn_mask"):
+                shifted.add(int(match.group(1)))
+    return second_blocks - shifted, shifted
+
+
+def _table_window(table: torch.Tensor) -> int | None:
+    """w of a square ((2w-1)^2, heads) table, else None."""
+    side = math.isqrt(table.shape[0])
+    return (side + 1) // 2 if side * side == table.shape[0] and side % 2 == 1 else None
+
+
+def _fit_relative_position_tables(
+    state_dict: dict[str, torch.Tensor], model: FlattenSwin, shrunk: set[int], shifted: set[int]
+) -> dict[str, torch.Tensor]:
+    """Each relative position bias table at the size of the model's.
+
+    A table the authors shrank with its window (a model built below its native size) goes to the centre of the
+    model's, offset by offset (`centre_relative_position_bias`), exact where the model clamps its window to the same
+    map; the model's offsets beyond it repeat its edge. A table of another configured window (a 224 checkpoint in a
+    384 model) is resized bicubically, as the authors' fine-tuning does. Their configured window is that of their
+    shifted stages; when none shifted, it is taken to be the model's.
+    """
+    target = model.state_dict()
+    tables = [key for key in state_dict if key.endswith(".relative_position_bias_table") and _STAGE_KEY.match(key)]
+    configured = {_table_window(state_dict[key]) for key in tables if _stage_of(key) in shifted}
+    for key, value in list(state_dict.items()):
+        if not key.endswith(".relative_position_bias_table") or key not in target or value.shape == target[key].shape:
+            continue
+        window = model.get_submodule(key[: -len(".relative_position_bias_table")]).window_size
+        old = _table_window(value)
+        same_configuration = not configured or configured == {window[0]} == {window[1]}
+        if _stage_of(key) in shrunk and old is not None and old < min(window) and same_configuration:
+            state_dict[key] = centre_relative_position_bias(value, (old, old), window)
+        else:
+            state_dict[key] = resize_relative_position_bias(value, target[key].shape[0])
+    return state_dict
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict[str, torch.Tensor]:
     """Map the authors' (or a linvit-layout) FLatten-Swin state dict onto ``model``.
 
     Unwraps a full training checkpoint, moves ``layers.{i}.downsample`` (end of stage, the authors' layout) to
-    ``layers.{i+1}.downsample``, drops computed buffers, and resizes positional encodings and relative position
-    bias tables (bicubic) when the resolution or window differs from the model's.
+    ``layers.{i+1}.downsample``, drops computed buffers, fits the relative position bias tables (the centre for
+    windows the authors shrank to a small map, else bicubic: `_fit_relative_position_tables`) and resizes
+    positional encodings (bicubic) when the resolution differs from the model's. A stage whose attention kind differs
+    from the model's (linear vs softmax) is a ValueError that says so.
     """
     state_dict = unwrap_checkpoint(state_dict)
+    _check_stage_attention(state_dict, model)
+    shrunk, shifted = _shrunk_window_stages(state_dict)
     authors_layout = any(k.startswith("layers.0.downsample.") for k in state_dict)
-    target = model.state_dict()
     out: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
         if key.endswith(_DROPPED_SUFFIXES):
@@ -247,10 +386,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict
         if authors_layout and len(parts) > 2 and parts[0] == "layers" and parts[2] == "downsample":
             parts[1] = str(int(parts[1]) + 1)
             key = ".".join(parts)
-        if key.endswith("relative_position_bias_table") and key in target and value.shape != target[key].shape:
-            value = resize_relative_position_bias(value, target[key].shape[0])
         out[key] = value
-    return resize_positional_encodings(out, model)
+    return resize_positional_encodings(_fit_relative_position_tables(out, model, shrunk, shifted), model)
 
 
 # ---------------------------------------------------------------------- registration

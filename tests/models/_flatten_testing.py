@@ -42,9 +42,9 @@ def assert_classifier_api(model: nn.Module, num_features: int, variant: str) -> 
         timm.create_model(variant, not_an_argument=1)
 
 
-def assert_torchscript_matches_eager(model: nn.Module, x: torch.Tensor) -> None:
+def assert_torchscript_matches_eager(model: nn.Module, x: torch.Tensor, *args) -> None:
     scripted = torch.jit.script(model)
-    torch.testing.assert_close(scripted(x), model(x))
+    torch.testing.assert_close(scripted(x, *args), model(x, *args))
 
 
 def assert_fx_feature_extraction_matches_eager(model: nn.Module, x: torch.Tensor) -> None:

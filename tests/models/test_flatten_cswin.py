@@ -8,6 +8,7 @@ import types
 import pytest
 import timm
 import torch
+from _authors_cswin import AuthorsCSWin
 from _flatten_testing import (
     assert_classifier_api,
     assert_every_parameter_gets_a_gradient,
@@ -18,7 +19,7 @@ from _flatten_testing import (
 from torch import nn
 
 import linvit.models.flatten_cswin
-from linvit.attention import stripe_attention_reference
+from linvit.attention import FocusedLinearLePEAttention, stripe_attention_reference
 from linvit.models.flatten_cswin import LePEAttention
 from linvit.utils import count_macs, count_params
 
@@ -41,218 +42,6 @@ def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return model
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The authors' model restated line by line (LeapLabTHU/FLatten-Transformer models/flatten_cswin.py, after CSWin),
-# square inputs at the training size only, as theirs. Their key names and their math.
-# ----------------------------------------------------------------------------------------------------------------
-def img2windows(img, H_sp, W_sp):
-    B, C, H, W = img.shape
-    img_reshape = img.view(B, C, H // H_sp, H_sp, W // W_sp, W_sp)
-    return img_reshape.permute(0, 2, 4, 3, 5, 1).contiguous().reshape(-1, H_sp * W_sp, C)
-
-
-def windows2img(img_splits_hw, H_sp, W_sp, H, W):
-    B = int(img_splits_hw.shape[0] / (H * W / H_sp / W_sp))
-    img = img_splits_hw.view(B, H // H_sp, W // W_sp, H_sp, W_sp, -1)
-    return img.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, H, W, -1)
-
-
-def _stripe(resolution, idx, split_size):
-    if idx == -1:
-        return resolution, resolution
-    if idx == 0:
-        return resolution, split_size
-    return split_size, resolution
-
-
-class AuthorsLePEAttention(nn.Module):
-    def __init__(self, dim, resolution, idx, split_size, num_heads):
-        super().__init__()
-        self.resolution = resolution
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.H_sp, self.W_sp = _stripe(resolution, idx, split_size)
-        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
-
-    def im2cswin(self, x):
-        B, N, C = x.shape
-        H = W = int(N**0.5)
-        x = x.transpose(-2, -1).contiguous().view(B, C, H, W)
-        x = img2windows(x, self.H_sp, self.W_sp)
-        return x.reshape(-1, self.H_sp * self.W_sp, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
-
-    def get_lepe(self, x, func):
-        B, N, C = x.shape
-        H = W = int(N**0.5)
-        x = x.transpose(-2, -1).contiguous().view(B, C, H, W)
-        x = x.view(B, C, H // self.H_sp, self.H_sp, W // self.W_sp, self.W_sp)
-        x = x.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(-1, C, self.H_sp, self.W_sp)
-        lepe = func(x)
-        lepe = lepe.reshape(-1, self.num_heads, C // self.num_heads, self.H_sp * self.W_sp).permute(0, 1, 3, 2)
-        x = x.reshape(-1, self.num_heads, C // self.num_heads, self.H_sp * self.W_sp).permute(0, 1, 3, 2)
-        return x, lepe
-
-    def forward(self, qkv):
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        H = W = self.resolution
-        B, L, C = q.shape
-        q = self.im2cswin(q)
-        k = self.im2cswin(k)
-        v, lepe = self.get_lepe(v, self.get_v)
-        q = q * self.scale
-        attn = nn.functional.softmax(q @ k.transpose(-2, -1), dim=-1, dtype=q.dtype)
-        x = (attn @ v) + lepe
-        x = x.transpose(1, 2).reshape(-1, self.H_sp * self.W_sp, C)
-        return windows2img(x, self.H_sp, self.W_sp, H, W).view(B, -1, C)
-
-
-class AuthorsFocusedLinearAttention(nn.Module):
-    def __init__(self, dim, resolution, idx, split_size, num_heads, focusing_factor=3, kernel_size=5):
-        super().__init__()
-        self.resolution = resolution
-        self.num_heads = num_heads
-        head_dim = dim // num_heads
-        self.H_sp, self.W_sp = _stripe(resolution, idx, split_size)
-        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
-        self.focusing_factor = focusing_factor
-        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, groups=head_dim, padding=kernel_size // 2)
-        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(torch.zeros(1, self.H_sp * self.W_sp, dim))
-
-    def im2cswin(self, x):
-        B, N, C = x.shape
-        H = W = int(N**0.5)
-        x = x.transpose(-2, -1).contiguous().view(B, C, H, W)
-        return img2windows(x, self.H_sp, self.W_sp)
-
-    def get_lepe(self, x, func):
-        B, N, C = x.shape
-        H = W = int(N**0.5)
-        x = x.transpose(-2, -1).contiguous().view(B, C, H, W)
-        x = x.view(B, C, H // self.H_sp, self.H_sp, W // self.W_sp, self.W_sp)
-        x = x.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(-1, C, self.H_sp, self.W_sp)
-        lepe = func(x)
-        lepe = lepe.reshape(-1, C, self.H_sp * self.W_sp).permute(0, 2, 1).contiguous()
-        x = x.reshape(-1, C, self.H_sp * self.W_sp).permute(0, 2, 1).contiguous()
-        return x, lepe
-
-    def forward(self, qkv):
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        H = W = self.resolution
-        B, L, C = q.shape
-        q = self.im2cswin(q)
-        k = self.im2cswin(k)
-        v, lepe = self.get_lepe(v, self.get_v)
-        k = k + self.positional_encoding
-        scale = nn.Softplus()(self.scale)
-        q = nn.ReLU()(q) + 1e-6
-        k = nn.ReLU()(k) + 1e-6
-        q = q / scale
-        k = k / scale
-        q_norm = q.norm(dim=-1, keepdim=True)
-        k_norm = k.norm(dim=-1, keepdim=True)
-        q = q**self.focusing_factor
-        k = k**self.focusing_factor
-        q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
-        k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
-        q = q.reshape(B, L, self.num_heads, -1).permute(0, 2, 1, 3)
-        k = k.reshape(B, L, self.num_heads, -1).permute(0, 2, 1, 3)
-        v = v.reshape(B, L, self.num_heads, -1).permute(0, 2, 1, 3)
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-        kv = (k.transpose(-2, -1) * (L**-0.5)) @ (v * (L**-0.5))
-        x = q @ kv * z
-        x = x.transpose(1, 2).reshape(B, L, C)
-        v = v.reshape(B * self.num_heads, self.H_sp, self.W_sp, -1).permute(0, 3, 1, 2)
-        x = x + self.dwc(v).reshape(B, C, L).permute(0, 2, 1) + lepe
-        return windows2img(x, self.H_sp, self.W_sp, H, W).view(B, -1, C)
-
-
-class AuthorsCSWinBlock(nn.Module):
-    def __init__(self, dim, reso, num_heads, split_size, attn_type, last_stage=False):
-        super().__init__()
-        self.patches_resolution = reso
-        self.qkv = nn.Linear(dim, dim * 3, bias=True)
-        self.norm1 = nn.LayerNorm(dim)
-        if self.patches_resolution == split_size:
-            last_stage = True
-        self.branch_num = 1 if last_stage else 2
-        self.proj = nn.Linear(dim, dim)
-        cls = AuthorsFocusedLinearAttention if attn_type == "L" else AuthorsLePEAttention
-        if last_stage:
-            self.attns = nn.ModuleList([cls(dim, reso, -1, split_size, num_heads)])
-        else:
-            self.attns = nn.ModuleList([cls(dim // 2, reso, i, split_size, num_heads // 2) for i in range(2)])
-        self.mlp = nn.Sequential()
-        self.mlp.fc1 = nn.Linear(dim, dim * 4)
-        self.mlp.act = nn.GELU()
-        self.mlp.fc2 = nn.Linear(dim * 4, dim)
-        self.norm2 = nn.LayerNorm(dim)
-
-    def forward(self, x):
-        B, L, C = x.shape
-        img = self.norm1(x)
-        qkv = self.qkv(img).reshape(B, -1, 3, C).permute(2, 0, 1, 3)
-        if self.branch_num == 2:
-            x1 = self.attns[0](qkv[:, :, :, : C // 2])
-            x2 = self.attns[1](qkv[:, :, :, C // 2 :])
-            attened_x = torch.cat([x1, x2], dim=2)
-        else:
-            attened_x = self.attns[0](qkv)
-        x = x + self.proj(attened_x)
-        return x + self.mlp(self.norm2(x))
-
-
-class AuthorsMergeBlock(nn.Module):
-    def __init__(self, dim, dim_out):
-        super().__init__()
-        self.conv = nn.Conv2d(dim, dim_out, 3, 2, 1)
-        self.norm = nn.LayerNorm(dim_out)
-
-    def forward(self, x):
-        B, new_HW, C = x.shape
-        H = W = int(new_HW**0.5)
-        x = self.conv(x.transpose(-2, -1).contiguous().view(B, C, H, W))
-        B, C = x.shape[:2]
-        return self.norm(x.view(B, C, -1).transpose(-2, -1).contiguous())
-
-
-class Flatten2Tokens(nn.Module):  # their einops Rearrange('b c h w -> b (h w) c')
-    def forward(self, x):
-        return x.flatten(2).transpose(1, 2)
-
-
-class AuthorsCSWin(nn.Module):
-    def __init__(self, img_size, embed_dim, depths, num_heads, split_size, attn_type="LLSS", num_classes=1000):
-        super().__init__()
-        la_split_size = [img_size // 4, img_size // 8, img_size // 16, img_size // 32]  # their "56-28-14-7" at 224
-        self.stage1_conv_embed = nn.Sequential(
-            nn.Conv2d(3, embed_dim, 7, 4, 2), Flatten2Tokens(), nn.LayerNorm(embed_dim)
-        )
-        dim = embed_dim
-        for s in range(4):
-            if s > 0:
-                setattr(self, f"merge{s}", AuthorsMergeBlock(dim, dim * 2))
-                dim *= 2
-            split = la_split_size[s] if attn_type[s] == "L" else split_size[s]
-            blocks = [
-                AuthorsCSWinBlock(dim, img_size // 2 ** (s + 2), num_heads[s], split, attn_type[s], last_stage=s == 3)
-                for _ in range(depths[s])
-            ]
-            setattr(self, f"stage{s + 1}", nn.ModuleList(blocks))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
-
-    def forward(self, x):
-        x = self.stage1_conv_embed(x)
-        for blk in self.stage1:
-            x = blk(x)
-        for pre, blocks in zip([self.merge1, self.merge2, self.merge3], [self.stage2, self.stage3, self.stage4]):
-            x = pre(x)
-            for blk in blocks:
-                x = blk(x)
-        return self.head(torch.mean(self.norm(x), dim=1))
 
 
 @pytest.fixture
@@ -324,22 +113,166 @@ def test_structure_follows_the_authors():
 # ----------------------------------------------------------------------------------------------------------------
 # the authors' checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def test_authors_checkpoint_loads_through_timm_with_identical_outputs(tmp_path, fake_yacs):
-    reference = _randomize(AuthorsCSWin(SMALL_IMG, num_classes=10, **SMALL)).eval()
-    path = tmp_path / "flatten_cswin_small_cfg.pth"
-    _save_authors_file(path, reference, fake_yacs)
-    del sys.modules["yacs.config"]
+def _authors_model(img_size, **kwargs):
+    return _randomize(AuthorsCSWin(img_size, num_classes=10, **{**SMALL, **kwargs})).eval()
 
-    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
-    x = torch.randn(2, 3, SMALL_IMG, SMALL_IMG, dtype=torch.float64)
+
+def _load(reference, path, cfg_class, img_size, **kwargs):
+    _save_authors_file(path, reference, cfg_class)
+    overlay = {"file": str(path)}
+    return _small(num_classes=10, img_size=img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+
+
+def _assert_same_outputs(model, reference, img_size, batch=2):
+    x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference.double()(x)
         actual = model.double()(x)
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
+# SMALL is native at 64 (maps 16, 8, 4, 2). At 32 stage 3's map is its 2-wide stripe: the authors' block there has
+# one branch over the map, which linvit's two stripe branches equal (their LePE split in halves); at 128 stage 3
+# has four stripes per branch.
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size)
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size)
+    _assert_same_outputs(model, reference, img_size)
+
+
+def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG)
+    path = tmp_path / "flatten_cswin_small_cfg.pth"
+    _save_authors_file(path, reference, fake_yacs)
+    del sys.modules["yacs.config"]
+    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
+    _assert_same_outputs(model, reference, SMALL_IMG, batch=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# stripe linear attention: the authors' la_split_size (e.g. 56-28-14-7 at 448)
+# ----------------------------------------------------------------------------------------------------------------
+# Stripes (8, 4) in the linear stages: the maps at 32 (8, 4: one branch each), at 64 two branches of 16x8 / 8x16 and
+# 8x4 / 4x8 (their 56-28 at 448), at 128 four stripes per branch.
+SPLITS = (8, 4, 2, 1)
+STRIPED = {"num_heads": (2, 2, 4, 8)}  # two branches take half the heads each
+
+
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_stripe_linear_attention_matches_the_authors(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, la_split_size=SPLITS, **STRIPED)
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, la_split_size="8-4-2-1", **STRIPED)
+    branches = model.stages[0].blocks[0].attns
+    expected = ["full"] if img_size == 32 else ["vertical", "horizontal"]
+    assert [branch.direction for branch in branches] == expected
+    _assert_same_outputs(model, reference, img_size)
+
+
+def test_stripe_tables_are_one_stripe_of_the_map_and_follow_the_input_size(tmp_path, fake_yacs):
+    model = _small(img_size=64, la_split_size=SPLITS, device="meta", **STRIPED)
+    vertical, horizontal = model.stages[0].blocks[0].attns
+    assert vertical.focused.positional_encoding.shape == (1, 16 * 8, 8)  # half the 16 channels
+    assert horizontal.focused.pos_size == (8, 16) and model.stages[1].blocks[0].attns[0].focused.pos_size == (8, 4)
+    # a 64 checkpoint into a model built at 128: the stripe tables are resized from (16, 8) to (32, 8)
+    reference = _authors_model(64, la_split_size=SPLITS, **STRIPED)
+    loaded = _load(reference, tmp_path / "authors.pth", fake_yacs, 128, la_split_size=SPLITS, **STRIPED)
+    table = reference.stage1[0].attns[0].positional_encoding.detach().reshape(1, 16, 8, 8).permute(0, 3, 1, 2)
+    expected = torch.nn.functional.interpolate(table, size=(32, 8), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(
+        loaded.stages[0].blocks[0].attns[0].focused.positional_encoding, expected.flatten(2).transpose(1, 2)
+    )
+    loaded.set_input_size(64)
+    torch.testing.assert_close(
+        loaded.stages[0].blocks[0].attns[1].focused.positional_encoding.shape, torch.Size((1, 8 * 16, 8))
+    )
+
+
+def test_stripe_checkpoint_in_a_whole_map_model_names_the_cause(tmp_path, fake_yacs):
+    """Issue 14: this used to fail with '... tokens are not a square grid; convert it at the resolution it was
+    trained at', which names the wrong cause."""
+    reference = _authors_model(64, la_split_size=SPLITS, **STRIPED)
+    with pytest.raises(ValueError, match=r"stage 1 of the checkpoint attends in 2 linear stripe branches .* but the "
+                       r"model in one branch over its whole 16x16 map: build the model with the checkpoint's "
+                       r"la_split_size and img_size"):  # fmt: skip
+        _load(reference, tmp_path / "authors.pth", fake_yacs, 64, **STRIPED)
+    whole = _authors_model(64, **STRIPED)
+    with pytest.raises(ValueError, match=r"stage 1 of the checkpoint attends in one linear branch over the whole map "
+                       r"but the model in 2 stripe branches \(8 wide on its 16x16 map"):  # fmt: skip
+        _load(whole, tmp_path / "whole.pth", fake_yacs, 64, la_split_size=SPLITS, **STRIPED)
+    kinds = "stage 3 of the checkpoint is stripe softmax attention but stage 3 of the model is focused linear attention"
+    with pytest.raises(ValueError, match=kinds + ": build the model with the checkpoint's attention per stage"):
+        _load(whole, tmp_path / "whole.pth", fake_yacs, 64, attn_layers="LLLS", **STRIPED)
+
+
+def test_striped_model_scripts_traces_and_trains():
+    branch = _randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction="horizontal", split_size=4)).eval()
+    qkv = torch.randn(1, 10 * 13, 24)
+    assert_torchscript_matches_eager(branch, qkv, (10, 13))  # the whole striped model scripts too, slowly
+    model = _randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval()
+    x = torch.randn(1, 3, 70, 90)  # stripes of maps that are no multiple of them
+    assert_fx_feature_extraction_matches_eager(model, x)
+    assert_every_parameter_gets_a_gradient(_small(img_size=64, la_split_size=SPLITS, **STRIPED), x)
+
+
+@pytest.mark.slow
+def test_striped_model_scripts():
+    assert_torchscript_matches_eager(
+        _randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval(), torch.randn(1, 3, 70, 90)
+    )
+
+
+@pytest.mark.parametrize("bad", ["8-4-2", (8, 4, 0, 1), "a-b-c-d"])
+def test_la_split_size_needs_one_width_per_stage(bad):
+    with pytest.raises(ValueError, match="la_split_size needs one positive stripe width per stage"):
+        _small(la_split_size=bad, device="meta")
+
+
+@pytest.mark.parametrize("direction", ["vertical", "horizontal"])
+@pytest.mark.parametrize("hw", [(8, 8), (10, 13), (3, 5)])
+def test_linear_stripes_pad_and_mask_exactly(direction, hw):
+    """Maps that are no multiple of the stripe: padding with masked keys equals attending within the narrower last
+    stripe (the authors' steps on each stripe cut out, with the table's positions of its columns or rows)."""
+    torch.manual_seed(0)
+    branch = _randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction=direction, split_size=4)).double()
+    qkv = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(branch(qkv, hw), _focused_stripe_reference(branch, qkv, hw))
+
+
+def _focused_stripe_reference(branch, qkv, hw):
+    """Cut the map into its stripes (the last one narrower) and run the authors' focused linear attention with LePE
+    on each, with the stripe table (resized to the map's stripe) at the piece's positions."""
+    focused, heads = branch.focused, branch.focused.num_heads
+    batch, channels = qkv.shape[0], qkv.shape[-1] // 3
+    grid = qkv.reshape(batch, hw[0], hw[1], 3 * channels)
+    stripe = (hw[0], min(4, hw[1])) if branch.direction == "vertical" else (min(4, hw[0]), hw[1])
+    table = focused.positional_encoding.reshape(1, *focused.pos_size, channels).permute(0, 3, 1, 2)
+    table = torch.nn.functional.interpolate(table, size=stripe, mode="bicubic", align_corners=False)[0]
+    out = torch.zeros(batch, hw[0], hw[1], channels, dtype=qkv.dtype)
+    for r0 in range(0, hw[0], stripe[0]):
+        for c0 in range(0, hw[1], stripe[1]):
+            piece = grid[:, r0 : r0 + stripe[0], c0 : c0 + stripe[1]]
+            h, w = piece.shape[1:3]
+            q, k, v = piece.reshape(batch, h * w, 3, channels).unbind(2)
+            k = k + table[:, :h, :w].flatten(1).t()
+            scale = torch.nn.functional.softplus(focused.scale)
+            q, k = (torch.relu(q) + 1e-6) / scale, (torch.relu(k) + 1e-6) / scale
+            q = q**3 / (q**3).norm(dim=-1, keepdim=True) * q.norm(dim=-1, keepdim=True)
+            k = k**3 / (k**3).norm(dim=-1, keepdim=True) * k.norm(dim=-1, keepdim=True)
+            q, k, v = (t.reshape(batch, h * w, heads, -1).transpose(1, 2) for t in (q, k, v))
+            z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
+            x = (q @ (k.transpose(-2, -1) @ v / (h * w)) * z).transpose(1, 2).reshape(batch, h, w, channels)
+            v_image = v.transpose(-2, -1).reshape(batch * heads, -1, h, w)
+            x = x + focused.dwc(v_image).reshape(batch, channels, h, w).permute(0, 2, 3, 1)
+            x = x + branch.get_v(piece[..., 2 * channels :].permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+            out[:, r0 : r0 + stripe[0], c0 : c0 + stripe[1]] = x
+    return out.reshape(batch, hw[0] * hw[1], channels)
 
 
 def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
-    reference = _randomize(AuthorsCSWin(SMALL_IMG, num_classes=10, **SMALL))
+    reference = _authors_model(SMALL_IMG)
     path = tmp_path / "authors.pth"
     _save_authors_file(path, reference, fake_yacs)
     model = _small(num_classes=10, img_size=96, pretrained=True, pretrained_cfg_overlay={"file": str(path)})

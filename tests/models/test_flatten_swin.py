@@ -14,9 +14,10 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from torch import nn
+from _authors_swin import RefFLattenSwin
 
 import linvit.models  # noqa: F401  (registers the models)
+from linvit.attention import resize_relative_position_bias
 from linvit.io import UntrustedCheckpointError
 from linvit.models.flatten_swin import FlattenSwin
 from linvit.utils import count_macs, count_params
@@ -85,193 +86,8 @@ def test_macs_match_paper(name, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# A line-by-line restatement of the authors' FLatten-Swin (their key names, their math, their layout with patch
-# merging at the END of a stage, their fixed square resolution). Slow and obviously faithful: the reference.
+# the authors' checkpoints: equal outputs at the native size and below and above it (tests/models/_authors_swin.py)
 # ------------------------------------------------------------------------------------------------------------------
-def _ref_window_partition(x, w):
-    B, H, W, C = x.shape
-    return x.view(B, H // w, w, W // w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, w, w, C)
-
-
-def _ref_window_reverse(windows, w, H, W):
-    B = windows.shape[0] // ((H // w) * (W // w))
-    x = windows.view(B, H // w, W // w, w, w, -1).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(B, H, W, -1)
-
-
-class RefMlp(nn.Module):
-    def __init__(self, dim, hidden):
-        super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class RefWindowAttention(nn.Module):
-    def __init__(self, dim, window, heads):
-        super().__init__()
-        self.window, self.heads = window, heads
-        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, heads))
-        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
-        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
-        self.register_buffer("relative_position_index", rel[..., 0] * (2 * window - 1) + rel[..., 1])
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-
-    def forward(self, x, mask=None):
-        B_, N, C = x.shape
-        qkv = self.qkv(x).reshape(B_, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        attn = (q * (C // self.heads) ** -0.5) @ k.transpose(-2, -1)
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1)
-        attn = attn + bias.permute(2, 0, 1).unsqueeze(0)
-        if mask is not None:
-            nW = mask.shape[0]
-            attn = (attn.view(B_ // nW, nW, self.heads, N, N) + mask.unsqueeze(1).unsqueeze(0)).view(
-                -1, self.heads, N, N
-            )
-        attn = attn.softmax(-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(B_, N, C))
-
-
-class RefFocusedLinearAttention(nn.Module):
-    def __init__(self, dim, window, heads, focusing_factor=3, kernel_size=5):
-        super().__init__()
-        self.heads, self.focusing_factor = heads, focusing_factor
-        head_dim = dim // heads
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, groups=head_dim, padding=kernel_size // 2)
-        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(torch.zeros(1, window * window, dim))
-
-    def forward(self, x, mask=None):  # the shift mask is ignored, as in the authors' code
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, C).permute(2, 0, 1, 3).unbind(0)
-        k = k + self.positional_encoding
-        q, k = F.relu(q) + 1e-6, F.relu(k) + 1e-6
-        scale = F.softplus(self.scale)
-        q, k = q / scale, k / scale
-        q_norm, k_norm = q.norm(dim=-1, keepdim=True), k.norm(dim=-1, keepdim=True)
-        q, k = q**self.focusing_factor, k**self.focusing_factor
-        q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
-        k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
-        q, k, v = (t.reshape(B, N, self.heads, -1).permute(0, 2, 1, 3) for t in (q, k, v))
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-        kv = (k.transpose(-2, -1) * (N**-0.5)) @ (v * (N**-0.5))
-        x = q @ kv * z
-        H = W = int(N**0.5)
-        x = x.transpose(1, 2).reshape(B, N, C)
-        v = v.reshape(B * self.heads, H, W, -1).permute(0, 3, 1, 2)
-        x = x + self.dwc(v).reshape(B, C, N).permute(0, 2, 1)
-        return self.proj(x)
-
-
-class RefBlock(nn.Module):
-    def __init__(self, dim, res, heads, window, shift, attn_type):
-        super().__init__()
-        self.res, self.window, self.shift = res, window, shift
-        if res <= window:
-            self.shift, self.window = 0, res
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        if attn_type == "L":
-            self.attn = RefFocusedLinearAttention(dim, self.window, heads)
-        else:
-            self.attn = RefWindowAttention(dim, self.window, heads)
-        self.mlp = RefMlp(dim, 4 * dim)
-        attn_mask = None
-        if self.shift > 0:
-            img = torch.zeros(1, res, res, 1)
-            w, s = self.window, self.shift
-            cnt = 0
-            for h in (slice(0, -w), slice(-w, -s), slice(-s, None)):
-                for ww in (slice(0, -w), slice(-w, -s), slice(-s, None)):
-                    img[:, h, ww, :] = cnt
-                    cnt += 1
-            mw = _ref_window_partition(img, w).view(-1, w * w)
-            attn_mask = mw.unsqueeze(1) - mw.unsqueeze(2)
-            attn_mask = attn_mask.masked_fill(attn_mask != 0, -100.0).masked_fill(attn_mask == 0, 0.0)
-        self.register_buffer("attn_mask", attn_mask)
-
-    def forward(self, x):
-        H = W = self.res
-        B, L, C = x.shape
-        shortcut = x
-        x = self.norm1(x).view(B, H, W, C)
-        if self.shift > 0:
-            x = torch.roll(x, (-self.shift, -self.shift), (1, 2))
-        windows = _ref_window_partition(x, self.window).view(-1, self.window * self.window, C)
-        windows = self.attn(windows, mask=self.attn_mask)
-        x = _ref_window_reverse(windows.view(-1, self.window, self.window, C), self.window, H, W)
-        if self.shift > 0:
-            x = torch.roll(x, (self.shift, self.shift), (1, 2))
-        x = shortcut + x.reshape(B, L, C)
-        return x + self.mlp(self.norm2(x))
-
-
-class RefPatchMerging(nn.Module):
-    def __init__(self, res, dim):
-        super().__init__()
-        self.res = res
-        self.reduction, self.norm = nn.Linear(4 * dim, 2 * dim, bias=False), nn.LayerNorm(4 * dim)
-
-    def forward(self, x):
-        B, L, C = x.shape
-        x = x.view(B, self.res, self.res, C)
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
-        return self.reduction(self.norm(x.view(B, -1, 4 * C)))
-
-
-class RefLayer(nn.Module):
-    def __init__(self, dim, res, depth, heads, window, attn_type, downsample):
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            [RefBlock(dim, res, heads, window, 0 if i % 2 == 0 else window // 2, attn_type) for i in range(depth)]
-        )
-        self.downsample = RefPatchMerging(res, dim) if downsample else None
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.downsample(x) if self.downsample is not None else x
-
-
-class RefPatchEmbed(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.proj, self.norm = nn.Conv2d(3, dim, 4, 4), nn.LayerNorm(dim)
-
-    def forward(self, x):
-        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
-
-
-class RefFLattenSwin(nn.Module):
-    def __init__(self, img_size, embed_dim, depths, num_heads, linear_window, window, num_classes, types="LLSS"):
-        super().__init__()
-        self.patch_embed = RefPatchEmbed(embed_dim)
-        res = img_size // 4
-        self.layers = nn.ModuleList()
-        for i, depth in enumerate(depths):
-            self.layers.append(
-                RefLayer(
-                    embed_dim * 2**i,
-                    res // 2**i,
-                    depth,
-                    num_heads[i],
-                    linear_window if types[i] == "L" else window,
-                    types[i],
-                    downsample=i < len(depths) - 1,
-                )
-            )
-        self.norm = nn.LayerNorm(embed_dim * 2 ** (len(depths) - 1))
-        self.head = nn.Linear(embed_dim * 2 ** (len(depths) - 1), num_classes)
-
-    def forward(self, x):
-        x = self.patch_embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x).mean(1))
-
-
 def _randomize(module, seed=0):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -280,8 +96,8 @@ def _randomize(module, seed=0):
             param.copy_(noise * (0.5 if "norm" in name else 0.2) + (1.0 if name.endswith("norm1.weight") else 0.0))
 
 
-def _reference():
-    ref = RefFLattenSwin(128, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10).eval()
+def _reference(img_size=128):
+    ref = RefFLattenSwin(img_size, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10).eval()
     _randomize(ref)
     return ref
 
@@ -311,21 +127,145 @@ def _save_authors_checkpoint(path, ref, monkeypatch):
         },
         path,
     )
-    assert "attn_mask" in "".join(state) and "relative_position_index" in "".join(state)
+    assert "relative_position_index" in "".join(state)
     assert any(k.startswith("layers.0.downsample.") for k in state)  # the authors' layout
 
 
-def test_authors_checkpoint_loads_through_timm_and_matches_reference(tmp_path, monkeypatch):
-    ref = _reference()
-    path = tmp_path / "flatten_swin_t.pth"
+def _load_authors(ref, path, monkeypatch, **kwargs):
     _save_authors_checkpoint(path, ref, monkeypatch)
-    model = timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **TINY).eval()
-    x = torch.randn(2, 3, 128, 128)
+    overlay = {"file": str(path)}
+    return timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=overlay, **dict(TINY, **kwargs)).eval()
+
+
+def _assert_same_outputs(model, ref, img_size, batch=2):
+    x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = ref(x)
-        actual = model(x)
+        expected = ref.double()(x)
+        actual = model.double()(x)
     assert expected.abs().max() > 0.1  # a meaningful comparison, not two near-zero outputs
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-9)
+
+
+# TINY is native at 128: stage maps 32, 16, 8, 4. At 64 the authors shrink stage 4's softmax window to its 2x2 map
+# (a 3x3 bias table: it must land in the centre of linvit's 7x7 one); at 256 stage 1 (64x64) exceeds the 32 linear
+# window, so every second linear block rolls its map by 16 (no mask), as the authors' blocks do.
+@pytest.mark.parametrize("img_size", [64, 128, 256])
+def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, monkeypatch):
+    ref = _reference(img_size)
+    model = _load_authors(ref, tmp_path / "flatten_swin_t.pth", monkeypatch, img_size=img_size)
+    _assert_same_outputs(model, ref, img_size)
+
+
+def test_linear_blocks_shift_only_where_the_map_exceeds_the_linear_window(tmp_path, monkeypatch):
+    """Without the roll of its linear blocks, linvit departs from the authors above the linear window (the
+    difference issue 14 measured: 4e-4 for FLatten-Swin-T at 448), and at the native size nothing changes."""
+    for img_size, departs in ((128, False), (256, True)):
+        ref = _reference(img_size)
+        path = tmp_path / f"{img_size}.pth"
+        model = _load_authors(ref, path, monkeypatch, img_size=img_size, shift_linear_windows=False)
+        x = torch.randn(1, 3, img_size, img_size, dtype=torch.float64)
+        with torch.no_grad():
+            difference = (model.double()(x) - ref.double()(x)).abs().max().item()
+        assert (difference > 1e-3) == departs, (img_size, difference)
+    shifted = _tiny().layers[0].blocks
+    assert [type(block).__name__ for block in shifted] == ["PreNormBlock", "ShiftedLinearBlock"]
+
+
+def test_rolled_linear_windows_wrap_around_the_map():
+    """The second linear block attends within 32x32 windows of the map rolled by (-16, -16): its output at a token
+    equals that of an unshifted window attention run on the rolled map, rolled back."""
+    model = _tiny()
+    block = model.layers[0].blocks[1]
+    hw = (64, 48)
+    x = torch.randn(1, hw[0] * hw[1], 16)
+    with torch.no_grad():
+        rolled = torch.roll(block.norm1(x).view(1, *hw, 16), (-16, -16), (1, 2)).reshape(1, -1, 16)
+        attended = torch.roll(block.attn(rolled, hw).view(1, *hw, 16), (16, 16), (1, 2)).reshape(1, -1, 16)
+        expected = x + attended
+        expected = expected + block.mlp(block.norm2(expected))
+        torch.testing.assert_close(block(x, hw), expected)
+        # a map no larger than the window along a dimension is not rolled along it
+        narrow = torch.randn(1, 64 * 20, 16)
+        rolled = torch.roll(block.norm1(narrow).view(1, 64, 20, 16), -16, 1).reshape(1, -1, 16)
+        attended = torch.roll(block.attn(rolled, (64, 20)).view(1, 64, 20, 16), 16, 1).reshape(1, -1, 16)
+        expected = narrow + attended
+        torch.testing.assert_close(block(narrow, (64, 20)), expected + block.mlp(block.norm2(expected)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [("flatten_swin_tiny_patch4_224", (96, 224, 448)), ("flatten_swin_base_patch4_384", (192, 384, 768))],
+)
+def test_published_configuration_matches_the_authors_at_three_sizes(name, sizes, tmp_path, monkeypatch):
+    """The full-size models against the authors' at their size, half of it (softmax windows shrunk to the map) and
+    twice it (stage 1 beyond the linear window: its second blocks roll), with random weights, in float64."""
+    config = timm.create_model(name, device="meta")
+    linear_window = config.linear_window_size[0]
+    depths = [len(stage.blocks) for stage in config.layers]
+    heads = [stage.blocks[0].attn.num_heads for stage in config.layers]
+    for img_size in sizes:
+        embed_dim = config.feature_info[0]["num_chs"]
+        ref = RefFLattenSwin(img_size, embed_dim, depths, heads, linear_window, config.window_size, 1000).eval()
+        _randomize(ref)
+        _save_authors_checkpoint(tmp_path / "authors.pth", ref, monkeypatch)
+        overlay = {"file": str(tmp_path / "authors.pth")}
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, img_size=img_size).eval()
+        _assert_same_outputs(model, ref, img_size, batch=1)
+
+
+def test_tables_the_authors_shrank_land_in_the_centre(tmp_path, monkeypatch):
+    """Built at 64, the authors' stage-4 window is its 2x2 map with a 3x3 table: linvit keeps its 7x7 table (window
+    4) with theirs in the centre (offsets -1..1), the other offsets repeating the nearest edge."""
+    ref = _reference(64)
+    model = _load_authors(ref, tmp_path / "authors.pth", monkeypatch, img_size=64)
+    theirs = ref.layers[3].blocks[0].attn.relative_position_bias_table.detach()
+    assert theirs.shape == (9, 4)
+    ours = model.layers[3].blocks[0].attn.relative_position_bias_table.detach().reshape(7, 7, 4)
+    torch.testing.assert_close(ours[2:5, 2:5], theirs.reshape(3, 3, 4))
+    torch.testing.assert_close(ours[0, 0], theirs[0])  # the corner offset (-3, -3) takes that of (-1, -1)
+    torch.testing.assert_close(ours[3, 6], theirs.reshape(3, 3, 4)[1, 2])
+    # stage 3 (a 4x4 map, window 4) is unshrunk: the table is copied as it is
+    torch.testing.assert_close(
+        model.layers[2].blocks[1].attn.relative_position_bias_table,
+        ref.layers[2].blocks[1].attn.relative_position_bias_table,
+    )
+
+
+def test_centre_relative_position_bias_crops_and_embeds_by_offset():
+    from linvit.attention.window import centre_relative_position_bias, relative_position_bias, relative_position_index
+
+    table = torch.randn(13 * 13, 2)
+    cropped = centre_relative_position_bias(table, (7, 7), (6, 6))
+    # a 6x6 window reads the same biases from its own 11x11 table as from the 13x13 table of a clamped 7x7 window
+    torch.testing.assert_close(
+        relative_position_bias(cropped, relative_position_index((6, 6)), (6, 6), (6, 6)),
+        relative_position_bias(table, relative_position_index((7, 7)), (7, 7), (6, 6)),
+    )
+    torch.testing.assert_close(centre_relative_position_bias(cropped, (6, 6), (7, 7)).view(13, 13, 2)[1:-1, 1:-1],
+                               table.view(13, 13, 2)[1:-1, 1:-1])  # fmt: skip
+    rectangular = centre_relative_position_bias(table, (7, 7), (3, 5))
+    torch.testing.assert_close(rectangular.view(5, 9, 2), table.view(13, 13, 2)[4:9, 2:11])
+    with pytest.raises(ValueError, match="a relative position bias table of a 6x6 window has 121 rows, got 169"):
+        centre_relative_position_bias(table, (6, 6), (7, 7))
+
+
+def test_tables_of_another_configured_window_are_resized_bicubically(tmp_path, monkeypatch):
+    """A checkpoint whose windows were not shrunk (its stage 3 shifts: the map exceeded the window) has another
+    configured window than a window-5 model: its tables are resized bicubically, as the authors' fine-tuning does."""
+    ref = _reference(128)
+    model = _load_authors(ref, tmp_path / "authors.pth", monkeypatch, img_size=128, window_size=5)
+    for stage in (2, 3):
+        theirs = ref.layers[stage].blocks[0].attn.relative_position_bias_table.detach()
+        expected = resize_relative_position_bias(theirs, 81)
+        torch.testing.assert_close(model.layers[stage].blocks[0].attn.relative_position_bias_table.detach(), expected)
+
+
+def test_a_stage_of_another_attention_kind_is_named(tmp_path, monkeypatch):
+    ref = _reference(128)
+    with pytest.raises(ValueError, match=r"stage 3 of the checkpoint is window softmax attention but stage 3 of "
+                       r"the model is focused linear attention: build the model .*attn_layers='LLSS'"):  # fmt: skip
+        _load_authors(ref, tmp_path / "authors.pth", monkeypatch, attn_layers="LLLS")
 
 
 def test_authors_checkpoint_at_another_resolution_and_window(tmp_path, monkeypatch):
