@@ -194,23 +194,27 @@ def test_rolled_linear_windows_wrap_around_the_map():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "sizes"),
-    [("flatten_swin_tiny_patch4_224", (96, 224, 448)), ("flatten_swin_base_patch4_384", (192, 384, 768))],
+    ("name", "sizes", "depths"),
+    [
+        ("flatten_swin_tiny_patch4_224", (96, 224, 448), (2, 2, 6, 2)),
+        ("flatten_swin_base_patch4_384", (192, 384, 768), (2, 2, 2, 2)),  # B's 18 stage-3 blocks add nothing new
+    ],
 )
-def test_published_configuration_matches_the_authors_at_three_sizes(name, sizes, tmp_path, monkeypatch):
-    """The full-size models against the authors' at their size, half of it (softmax windows shrunk to the map) and
-    twice it (stage 1 beyond the linear window: its second blocks roll), with random weights, in float64."""
-    config = timm.create_model(name, device="meta")
+def test_published_configuration_matches_the_authors_at_three_sizes(name, sizes, depths, tmp_path, monkeypatch):
+    """The published widths, heads and windows against the authors' at their size, half of it (softmax windows
+    shrunk to the map) and twice it (stage 1 beyond the linear window: its second blocks roll), with random weights,
+    in float64 (Swin-T whole; B-384 with two blocks per stage)."""
+    config = timm.create_model(name, depths=depths, device="meta")
     linear_window = config.linear_window_size[0]
-    depths = [len(stage.blocks) for stage in config.layers]
     heads = [stage.blocks[0].attn.num_heads for stage in config.layers]
+    embed_dim = config.feature_info[0]["num_chs"]
     for img_size in sizes:
-        embed_dim = config.feature_info[0]["num_chs"]
         ref = RefFLattenSwin(img_size, embed_dim, depths, heads, linear_window, config.window_size, 1000).eval()
         _randomize(ref)
         _save_authors_checkpoint(tmp_path / "authors.pth", ref, monkeypatch)
         overlay = {"file": str(tmp_path / "authors.pth")}
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, img_size=img_size).eval()
+        kwargs = {"img_size": img_size, "depths": depths}
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
         _assert_same_outputs(model, ref, img_size, batch=1)
 
 
