@@ -44,7 +44,8 @@ from linvit.models._family import (
     resize_positional_encodings,
     unwrap_checkpoint,
 )
-from linvit.models.flatten_pvt_v2 import FlattenPvtV2, PatchEmbedStage, _cfg
+from linvit.models.flatten_pvt_reduction import check_reductions
+from linvit.models.flatten_pvt_v2 import FlattenPvtV2, PatchEmbedStage, _cfg, build_block
 
 __all__ = ["FlattenPvt", "checkpoint_filter_fn"]
 
@@ -109,8 +110,9 @@ class FlattenPvtStage(PatchEmbedStage):
 class FlattenPvt(FlattenPvtV2):
     """FLatten-PVT backbone and classifier. Features are NCHW at strides 4, 8, 16, 32.
 
-    Arguments as `FlattenPvtV2`'s, plus ``pos_drop_rate`` (dropout after the position embeddings); the stages are
-    PVT's (non-overlapping patch embeddings with position embeddings, plain MLPs, no stage norm).
+    Arguments as `FlattenPvtV2`'s (``la_sr_ratios`` too, not ``linear``, which PVT v1 lacks), plus
+    ``pos_drop_rate`` (dropout after the position embeddings); the stages are PVT's (non-overlapping patch embeddings
+    with position embeddings, plain MLPs, no stage norm).
     """
 
     group_stem = r"^stages\.0\.(?:patch_embed|pos_embed)"
@@ -135,6 +137,7 @@ class FlattenPvt(FlattenPvtV2):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        la_sr_ratios: int | str | Sequence[int] = 1,
         device=None,
         dtype=None,
     ):
@@ -156,6 +159,7 @@ class FlattenPvt(FlattenPvtV2):
             proj_drop_rate=proj_drop_rate,
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
+            la_sr_ratios=la_sr_ratios,
             device=device,
             dtype=dtype,
         )
@@ -164,7 +168,7 @@ class FlattenPvt(FlattenPvtV2):
         """Stage ``index``: 4x4 (then 2x2) patch embedding, position embedding, blocks with a plain MLP."""
         dim, dd = blocks[0]["dim"], {"device": blocks[0]["device"], "dtype": blocks[0]["dtype"]}
         patch_embed = PatchEmbed(in_dim, dim, 4 if index == 0 else 2, **dd)
-        layers = [PreNormBlock.build(**block) for block in blocks]
+        layers = [build_block(PreNormBlock, block) for block in blocks]
         return FlattenPvtStage(patch_embed, layers, dim, grid, self.pos_drop_rate, **dd)
 
     def init_tables(self) -> None:
@@ -189,7 +193,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     """Convert a FLatten-PVT checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
 
     Fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `pos_embed{s}`, `block{s}` and `head`,
-    drops the never-used final `norm`, and resizes position tables when the model was built for another size.
+    drops the never-used final `norm`, checks that every block reduces its keys and values as the model's
+    (``la_sr_ratios``), and resizes position tables when the model was built for another size.
     """
     state_dict = unwrap_checkpoint(state_dict)
     if is_converted(state_dict):
@@ -204,6 +209,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
             (r"^head\.", "head.fc."),
         ]
         out = rename_keys(used, rules)
+    check_reductions(out, model)
     return resize_positional_encodings(_resize_pos_embeds_to_model(out, model), model)
 
 

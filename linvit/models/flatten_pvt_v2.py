@@ -7,7 +7,9 @@ Papers:
 Architecture as in the FLatten authors' release (LeapLabTHU/FLatten-Transformer, config `PVT_LA_SR_RATIOS: 1111`):
 overlapping patch embeddings (7x7/4 stem, 3x3/2 downsampling), every block a global focused linear attention
 without spatial reduction (learnable positional encoding added to the keys, depthwise 5x5 enhancement of the
-values), an MLP with a 3x3 depthwise convolution, and a LayerNorm closing every stage.
+values), an MLP with a 3x3 depthwise convolution, and a LayerNorm closing every stage. Their code's other options:
+``la_sr_ratios`` (keys and values from a map reduced s x s, e.g. "8421") and ``linear`` (PVTv2-Li: keys and values
+pooled to 7x7, a ReLU in the MLP), both through `ReducedKeysFocusedAttention`.
 
 The authors' attention keeps separate `q` and `kv` projections; here the attention is linvit's one
 `FocusedLinearAttention` with a fused `qkv`, and `checkpoint_filter_fn` concatenates `q` and `kv` (same outputs).
@@ -24,6 +26,8 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from timm.layers import Mlp
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
@@ -49,8 +53,9 @@ from linvit.models._family import (
     resize_positional_encodings,
     unwrap_checkpoint,
 )
+from linvit.models.flatten_pvt_reduction import ReducedKeysFocusedAttention, check_reductions, reduction_ratios
 
-__all__ = ["FlattenPvtV2", "PatchEmbedStage", "checkpoint_filter_fn"]
+__all__ = ["FlattenPvtV2", "PatchEmbedStage", "build_block", "checkpoint_filter_fn"]
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -75,11 +80,13 @@ class OverlapPatchEmbed(nn.Module):
 
 
 class MlpWithDepthwiseConv(nn.Module):
-    """fc1 -> 3x3 depthwise conv over the token grid -> GELU -> fc2 (PVTv2's feed-forward)."""
+    """fc1 -> (ReLU with ``linear``, PVTv2-Li) -> 3x3 depthwise conv over the token grid -> GELU -> fc2 (PVTv2's
+    feed-forward)."""
 
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device=None, dtype=None):
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, linear: bool = False, device=None, dtype=None):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        self.linear = linear
         self.fc1 = nn.Linear(dim, hidden_dim, **dd)
         self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim, **dd)
         self.act = nn.GELU()
@@ -89,6 +96,8 @@ class MlpWithDepthwiseConv(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = self.fc1(x)
+        if self.linear:
+            x = F.relu(x)
         batch, _, channels = x.shape
         x = x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])
         x = self.dwconv(x).flatten(2).transpose(1, 2)
@@ -102,6 +111,20 @@ class FlattenPvtV2Block(PreNormBlock):
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x), hw))
+
+
+def build_block(block_cls: type[PreNormBlock], block: dict[str, Any], mlp_layer: Any = Mlp) -> PreNormBlock:
+    """A block from the keyword arguments of `PreNormBlock.build` plus ``reduction``: None (the attention by name),
+    or (sr_ratio, linear) of a `ReducedKeysFocusedAttention`; attention then MLP, in that order, either way."""
+    block = dict(block)
+    reduction = block.pop("reduction")
+    if reduction is None:
+        return block_cls.build(**block, mlp_layer=mlp_layer)
+    dim, dd = block["dim"], {"device": block["device"], "dtype": block["dtype"]}
+    sr_ratio, linear = reduction
+    attn = ReducedKeysFocusedAttention(dim, block["num_heads"], sr_ratio, linear, **block["attn_kwargs"], **dd)
+    mlp = mlp_layer(dim, int(dim * block["mlp_ratio"]), drop=block["proj_drop"], **dd)
+    return block_cls(dim, attn, mlp, block["drop_path"], block["norm_layer"], **dd)
 
 
 class PatchEmbedStage(TokenStage):
@@ -121,6 +144,11 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
     ``attn_layers``: the attention of each stage (``linvit.attention.ATTENTION_NAMES``; one for all or one per
     stage), global focused linear attention by default; the other arguments as in timm's PVTv2. `FlattenPvt` (v1)
     differs only in its stages (`build_stage`, `stage_grids`) and their position embeddings (`init_tables`).
+
+    ``la_sr_ratios``: the authors' spatial reduction of the focused stages' keys and values, one ratio per stage (an
+    int for all, a sequence, or their digits ``"8421"``); 1 (their configs' ``1111``) reduces nothing. ``linear``:
+    PVTv2-Li, keys and values pooled to 7x7 in every focused stage (the ratios then do not apply) and a ReLU in the
+    MLPs. Both as `ReducedKeysFocusedAttention`.
     """
 
     group_stem = r"^stages\.0\.patch_embed"
@@ -143,6 +171,8 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        la_sr_ratios: int | str | Sequence[int] = 1,
+        linear: bool = False,
         device=None,
         dtype=None,
     ):
@@ -157,6 +187,14 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         self.num_stages = len(depths)
         specs = stage_attention_specs(attn_layers, self.num_stages, self.model_name)
         self.attn_layers = tuple(name for name, _ in specs)
+        self.la_sr_ratios = reduction_ratios(la_sr_ratios, self.num_stages)
+        self.linear = linear
+        for name, ratio in zip(self.attn_layers, self.la_sr_ratios):
+            if name != "focused" and (ratio > 1 or linear):
+                raise ValueError(
+                    f"la_sr_ratios and linear reduce the keys of focused attention, but a stage has {name!r}; give "
+                    f"such stages ratio 1 and linear=False, or attn_layers='focused'."
+                )
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.drop_rate = drop_rate
 
@@ -179,6 +217,7 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                 "mlp_ratio": mlp_ratios[i],
                 "proj_drop": proj_drop_rate,
                 "norm_layer": partial(nn.LayerNorm, eps=1e-6),
+                "reduction": (self.la_sr_ratios[i], linear) if linear or self.la_sr_ratios[i] > 1 else None,
                 **dd,
             }
             in_dim = in_chans if i == 0 else embed_dims[i - 1]
@@ -195,7 +234,8 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         dim, dd = blocks[0]["dim"], {"device": blocks[0]["device"], "dtype": blocks[0]["dtype"]}
         first = index == 0
         patch_embed = OverlapPatchEmbed(in_dim, dim, 7 if first else 3, 4 if first else 2, **dd)
-        layers = [FlattenPvtV2Block.build(**block, mlp_layer=MlpWithDepthwiseConv) for block in blocks]
+        mlp = partial(MlpWithDepthwiseConv, linear=self.linear)
+        layers = [build_block(FlattenPvtV2Block, block, mlp) for block in blocks]
         return PatchEmbedStage(patch_embed, layers, nn.LayerNorm(dim, eps=1e-6, **dd))
 
     def init_tables(self) -> None:
@@ -223,19 +263,24 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
     Accepts the authors' whole file (`model`, maybe `state_dict_ema`, `optimizer`, `config`) or its `model` dict;
     fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `block{s}`, `norm{s}`, `dwconv.dwconv`
-    and `head`, and resizes the positional encodings when the model was built for another resolution.
+    and `head`, checks that every block reduces its keys and values as the model's (``la_sr_ratios``, ``linear``:
+    a ValueError names a difference), and resizes the positional encodings when the model was built for another
+    resolution.
     """
     state_dict = unwrap_checkpoint(state_dict)
     if is_converted(state_dict):
-        return resize_positional_encodings(dict(state_dict), model)
-    rules = [
-        (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
-        (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
-        (r"^norm(\d+)\.", one_based_stage("stages.{stage}.norm.")),
-        (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
-        (r"^head\.", "head.fc."),
-    ]
-    return resize_positional_encodings(rename_keys(fuse_q_kv(state_dict), rules), model)
+        state_dict = dict(state_dict)
+    else:
+        rules = [
+            (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
+            (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+            (r"^norm(\d+)\.", one_based_stage("stages.{stage}.norm.")),
+            (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
+            (r"^head\.", "head.fc."),
+        ]
+        state_dict = rename_keys(fuse_q_kv(state_dict), rules)
+    check_reductions(state_dict, model)
+    return resize_positional_encodings(state_dict, model)
 
 
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
@@ -262,6 +307,7 @@ default_cfgs = generate_default_cfgs(
         "flatten_pvt_v2_b2.in1k": _cfg(),
         "flatten_pvt_v2_b3.in1k": _cfg(),
         "flatten_pvt_v2_b4.in1k": _cfg(),
+        "flatten_pvt_v2_b5.in1k": _cfg(),
     }
 )
 
@@ -306,3 +352,11 @@ def flatten_pvt_v2_b4(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B4 (PVTv2-B4 depths 3, 8, 27, 3); the paper publishes no size or accuracy for it."""
     args = dict(_B1_PLUS, depths=(3, 8, 27, 3))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b4", pretrained=pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def flatten_pvt_v2_b5(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
+    """FLatten-PVTv2-B5 (PVTv2-B5: depths 3, 6, 40, 3, MLP ratio 4): 67.06M params, as the authors' code builds it
+    (no reduction, their configs' 1111); the paper publishes no size or accuracy for it."""
+    args = dict(_B1_PLUS, mlp_ratios=(4, 4, 4, 4), depths=(3, 6, 40, 3))
+    return _create_flatten_pvt_v2("flatten_pvt_v2_b5", pretrained=pretrained, **dict(args, **kwargs))

@@ -56,6 +56,25 @@ SEEDED_CASES: dict[str, tuple[str, dict]] = {
         "flatten_cswin_tiny_224",
         {"img_size": 64, "embed_dim": 16, "depths": (1, 2, 2, 1), "num_heads": (2, 2, 4, 4), "num_classes": 10},
     ),
+    # options of issue 14: reduced keys (PVT), pooled keys (PVTv2-Li), stripe linear attention (CSwin)
+    "flatten_pvt_reduced": (
+        "flatten_pvt_tiny",
+        {"img_size": 64, "embed_dims": (16, 32, 40, 64), "depths": (1, 1, 2, 1), "la_sr_ratios": "8421"},
+    ),
+    "flatten_pvt_v2_linear": (
+        "flatten_pvt_v2_b0",
+        {"img_size": 64, "embed_dims": (16, 32, 40, 64), "depths": (1, 2, 1, 1), "linear": True},
+    ),
+    "flatten_cswin_striped": (
+        "flatten_cswin_tiny_224",
+        {
+            "img_size": 64,
+            "embed_dim": 16,
+            "depths": (1, 2, 2, 1),
+            "num_heads": (2, 2, 4, 4),
+            "la_split_size": "8-4-2-1",
+        },
+    ),
 }
 
 # Recorded at commit 44bfde3 (before the shared frame), torch 2.14.1 on the CPU: (keys and shapes, seeded weights).
@@ -70,6 +89,10 @@ SEEDED_DIGESTS: dict[str, tuple[str, str]] = {
     "linvit_nano": ("f8ec941743ebf3f2", "96daa42fb34a01f0"),
     "linvit_nano_kernels": ("fbb5e99439195298", "c6b896817d3b8f3f"),
     "linvit_nano_mixed": ("93a4215f3fc1a9a2", "e7963f7ebed7bb52"),
+    # recorded when issue 14 added the options (torch 2.14.1, CPU)
+    "flatten_cswin_striped": ("4d6643d22dc9d949", "5912099c3b010446"),
+    "flatten_pvt_reduced": ("babc3e4591940cbc", "a0af29a297290b03"),
+    "flatten_pvt_v2_linear": ("52ebad66ada9870b", "4a155c7fdad7c8b0"),
 }
 
 # Recorded at commit 44bfde3: keys, order and shapes of every registered model at its full size.
@@ -89,6 +112,7 @@ REGISTERED_DIGESTS: dict[str, str] = {
     "flatten_pvt_v2_b2": "9afdf802aa2d321d",
     "flatten_pvt_v2_b3": "209f68947160402b",
     "flatten_pvt_v2_b4": "30f602ee53260a1f",
+    "flatten_pvt_v2_b5": "c6bdddaca2185b84",  # issue 14
     "flatten_swin_base_patch4_224": "a6423dd595de44b9",
     "flatten_swin_base_patch4_384": "892e549a30fe6315",
     "flatten_swin_small_patch4_224": "3538d79a09eec253",

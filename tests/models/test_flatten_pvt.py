@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from _authors_pvt import AuthorsPvt
 from _flatten_testing import (
     assert_classifier_api,
     assert_every_parameter_gets_a_gradient,
@@ -44,132 +45,6 @@ def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The authors' model restated line by line (LeapLabTHU/FLatten-Transformer models/flatten_pvt.py), limited to the
-# path their configs use (linear attention everywhere, no spatial reduction). Their key names, their math, and
-# their final `norm`, which is built but never used.
-# ----------------------------------------------------------------------------------------------------------------
-class AuthorsMlp(nn.Module):
-    def __init__(self, in_features, hidden_features):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class AuthorsFocusedLinearAttention(nn.Module):
-    def __init__(self, dim, num_patches, num_heads, focusing_factor=3, kernel_size=5):
-        super().__init__()
-        self.num_heads = num_heads
-        head_dim = dim // num_heads
-        self.q = nn.Linear(dim, dim, bias=True)
-        self.kv = nn.Linear(dim, dim * 2, bias=True)
-        self.proj = nn.Linear(dim, dim)
-        self.focusing_factor = focusing_factor
-        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, groups=head_dim, padding=kernel_size // 2)
-        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(torch.zeros(1, num_patches, dim))
-
-    def forward(self, x, H, W):
-        B, N, C = x.shape
-        q = self.q(x)
-        kv = self.kv(x).reshape(B, -1, 2, C).permute(2, 0, 1, 3)
-        k, v = kv[0], kv[1]
-        n = k.shape[1]
-        k = k + self.positional_encoding
-        scale = nn.Softplus()(self.scale)
-        q = nn.ReLU()(q) + 1e-6
-        k = nn.ReLU()(k) + 1e-6
-        q = q / scale
-        k = k / scale
-        q_norm = q.norm(dim=-1, keepdim=True)
-        k_norm = k.norm(dim=-1, keepdim=True)
-        q = q**self.focusing_factor
-        k = k**self.focusing_factor
-        q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
-        k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
-        q = q.reshape(B, N, self.num_heads, -1).permute(0, 2, 1, 3)
-        k = k.reshape(B, n, self.num_heads, -1).permute(0, 2, 1, 3)
-        v = v.reshape(B, n, self.num_heads, -1).permute(0, 2, 1, 3)
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-        kv = (k.transpose(-2, -1) * (n**-0.5)) @ (v * (n**-0.5))
-        x = q @ kv * z
-        x = x.transpose(1, 2).reshape(B, N, C)
-        v = v.reshape(B * self.num_heads, H, W, -1).permute(0, 3, 1, 2)
-        x = x + self.dwc(v).reshape(B, C, N).permute(0, 2, 1)
-        return self.proj(x)
-
-
-class AuthorsBlock(nn.Module):
-    def __init__(self, dim, num_patches, num_heads, mlp_ratio):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = AuthorsFocusedLinearAttention(dim, num_patches, num_heads)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = AuthorsMlp(dim, int(dim * mlp_ratio))
-
-    def forward(self, x, H, W):
-        x = x + self.attn(self.norm1(x), H, W)
-        return x + self.mlp(self.norm2(x))
-
-
-class AuthorsPatchEmbed(nn.Module):
-    def __init__(self, img_size, patch_size, in_chans, embed_dim):
-        super().__init__()
-        self.patch_size = patch_size
-        self.H = self.W = img_size // patch_size
-        self.num_patches = self.H * self.W
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dim)
-
-    def forward(self, x):
-        B, C, H, W = x.shape
-        x = self.norm(self.proj(x).flatten(2).transpose(1, 2))
-        return x, (H // self.patch_size, W // self.patch_size)
-
-
-class AuthorsPvt(nn.Module):
-    def __init__(self, img_size, embed_dims, depths, num_heads, mlp_ratios, num_classes=1000):
-        super().__init__()
-        for i in range(4):
-            patch_embed = AuthorsPatchEmbed(
-                img_size if i == 0 else img_size // (2 ** (i + 1)),
-                4 if i == 0 else 2,
-                3 if i == 0 else embed_dims[i - 1],
-                embed_dims[i],
-            )
-            setattr(self, f"patch_embed{i + 1}", patch_embed)
-            setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, patch_embed.num_patches, embed_dims[i])))
-            blocks = [
-                AuthorsBlock(embed_dims[i], patch_embed.num_patches, num_heads[i], mlp_ratios[i])
-                for _ in range(depths[i])
-            ]
-            setattr(self, f"block{i + 1}", nn.ModuleList(blocks))
-        self.norm = nn.LayerNorm(embed_dims[3], eps=1e-6)  # never used in forward
-        self.head = nn.Linear(embed_dims[3], num_classes)
-
-    def _get_pos_embed(self, pos_embed, patch_embed, H, W):
-        if self.patch_embed1.num_patches == H * W:
-            return pos_embed
-        grid = pos_embed.reshape(1, patch_embed.H, patch_embed.W, -1).permute(0, 3, 1, 2)
-        return F.interpolate(grid, size=(H, W), mode="bilinear").reshape(1, -1, H * W).permute(0, 2, 1)
-
-    def forward(self, x):
-        B = x.shape[0]
-        for i in range(4):
-            patch_embed = getattr(self, f"patch_embed{i + 1}")
-            x, (H, W) = patch_embed(x)
-            x = x + self._get_pos_embed(getattr(self, f"pos_embed{i + 1}"), patch_embed, H, W)
-            for blk in getattr(self, f"block{i + 1}"):
-                x = blk(x, H, W)
-            if i != 3:
-                x = x.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous()
-        return self.head(x.mean(dim=1))
-
-
 @pytest.fixture
 def fake_yacs(monkeypatch):
     """`yacs.config.CfgNode` stand-in, so the saved file pickles a config object as the authors' files do."""
@@ -187,8 +62,8 @@ def fake_yacs(monkeypatch):
     return CfgNode
 
 
-def _save_authors_file(path, model, cfg_class, ema=False):
-    config = cfg_class(MODEL=cfg_class(TYPE="flatten_pvt_tiny", LA=cfg_class(PVT_LA_SR_RATIOS=1111)))
+def _save_authors_file(path, model, cfg_class, ema=False, la_sr_ratios=1111):
+    config = cfg_class(MODEL=cfg_class(TYPE="flatten_pvt_tiny", LA=cfg_class(PVT_LA_SR_RATIOS=la_sr_ratios)))
     checkpoint = {
         "model": model.state_dict(),
         "optimizer": {"state": {}, "param_groups": [{"lr": 5e-4, "params": [0]}]},
@@ -221,24 +96,65 @@ def test_macs_match_paper(name):
 # ----------------------------------------------------------------------------------------------------------------
 # the authors' checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def test_authors_checkpoint_loads_through_timm_with_identical_outputs(tmp_path, fake_yacs):
+def _authors_model(img_size, **kwargs):
     torch.manual_seed(0)
-    reference = _randomize(AuthorsPvt(SMALL_IMG, num_classes=10, **SMALL)).eval()
-    path = tmp_path / "flatten_pvt_small_cfg.pth"
-    _save_authors_file(path, reference, fake_yacs)
-    del sys.modules["yacs.config"]
+    return _randomize(AuthorsPvt(img_size, num_classes=10, **SMALL, **kwargs)).eval()
 
-    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
-    assert not any(name.startswith("norm.") for name in model.state_dict())  # the unused norm is gone
-    x = torch.randn(2, 3, SMALL_IMG, SMALL_IMG, dtype=torch.float64)
+
+def _load(reference, path, cfg_class, img_size, **kwargs):
+    _save_authors_file(path, reference, cfg_class)
+    overlay = {"file": str(path)}
+    return _small(num_classes=10, img_size=img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+
+
+def _assert_same_outputs(model, reference, img_size):
+    x = torch.randn(2, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference.double()(x)
         actual = model.double()(x)
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
+# native at 64 (maps 16, 8, 4, 2), half and twice that
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size)
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size)
+    assert not any(name.startswith("norm.") for name in model.state_dict())  # the unused norm is gone
+    _assert_same_outputs(model, reference, img_size)
+
+
+# la_sr_ratios 8421: keys and values from the map reduced 8x8, 4x4, 2x2 (1x1, 2x2, 4x4 grids at 32, 64, 128)
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_reduced_keys_match_the_authors(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, la_sr_ratios="8421")
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, la_sr_ratios="8421")
+    assert model.stages[0].blocks[0].attn.sr.weight.shape[-2:] == (8, 8)
+    _assert_same_outputs(model, reference, img_size)
+
+
+def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG)
+    path = tmp_path / "flatten_pvt_small_cfg.pth"
+    _save_authors_file(path, reference, fake_yacs)
+    del sys.modules["yacs.config"]
+    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
+    _assert_same_outputs(model, reference, SMALL_IMG)
+
+
+def test_a_reduction_of_another_ratio_is_named(tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG, la_sr_ratios="8421")
+    message = (
+        r"stage 1 of the checkpoint reduces keys and values 8x8 \(la_sr_ratios\) but the model's takes keys and values "
+        r"from every token \(no reduction\): build the model with la_sr_ratios='8421'"
+    )
+    with pytest.raises(ValueError, match=message):
+        _load(reference, tmp_path / "authors.pth", fake_yacs, SMALL_IMG)
 
 
 def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
-    reference = _randomize(AuthorsPvt(SMALL_IMG, num_classes=10, **SMALL))
+    reference = _authors_model(SMALL_IMG)
     path = tmp_path / "authors.pth"
     _save_authors_file(path, reference, fake_yacs)
     model = _small(num_classes=10, img_size=96, pretrained=True, pretrained_cfg_overlay={"file": str(path)})

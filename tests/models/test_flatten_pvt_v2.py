@@ -10,6 +10,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from _authors_pvt import AuthorsPvtV2
 from _flatten_testing import (
     assert_classifier_api,
     assert_every_parameter_gets_a_gradient,
@@ -28,7 +29,9 @@ PUBLISHED = {
     "flatten_pvt_v2_b1": (12.9e6, 2.22e9),
     "flatten_pvt_v2_b2": (22.6e6, 4.25e9),
 }
-ALL_NAMES = [f"flatten_pvt_v2_b{i}" for i in range(5)]
+ALL_NAMES = [f"flatten_pvt_v2_b{i}" for i in range(6)]
+# what the authors' code builds (parameters, counted from their models/flatten_pvt_v2.py; their configs' ratios 1111)
+AUTHORS_CODE_PARAMS = {"flatten_pvt_v2_b5": 67_061_544}
 
 # A small configuration of the same classes for the heavy checks.
 SMALL = {"embed_dims": (16, 32, 48, 64), "depths": (1, 1, 2, 1), "num_heads": (1, 2, 3, 4), "mlp_ratios": (2, 2, 2, 2)}
@@ -45,136 +48,6 @@ def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return model
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The authors' model restated line by line (LeapLabTHU/FLatten-Transformer models/flatten_pvt_v2.py), limited to
-# the path their configs use (linear attention in every stage, no spatial reduction). Their key names and math.
-# ----------------------------------------------------------------------------------------------------------------
-class AuthorsDWConv(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.dwconv = nn.Conv2d(dim, dim, 3, 1, 1, bias=True, groups=dim)
-
-    def forward(self, x, H, W):
-        B, N, C = x.shape
-        x = x.transpose(1, 2).view(B, C, H, W)
-        return self.dwconv(x).flatten(2).transpose(1, 2)
-
-
-class AuthorsMlp(nn.Module):
-    def __init__(self, in_features, hidden_features):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.dwconv = AuthorsDWConv(hidden_features)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
-
-    def forward(self, x, H, W):
-        return self.fc2(self.act(self.dwconv(self.fc1(x), H, W)))
-
-
-class AuthorsFocusedLinearAttention(nn.Module):
-    def __init__(self, dim, num_patches, num_heads, focusing_factor=3, kernel_size=5):
-        super().__init__()
-        self.num_heads = num_heads
-        head_dim = dim // num_heads
-        self.q = nn.Linear(dim, dim, bias=True)
-        self.kv = nn.Linear(dim, dim * 2, bias=True)
-        self.proj = nn.Linear(dim, dim)
-        self.focusing_factor = focusing_factor
-        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size, groups=head_dim, padding=kernel_size // 2)
-        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(torch.zeros(1, num_patches, dim))
-
-    def forward(self, x, H, W):
-        B, N, C = x.shape
-        q = self.q(x)
-        kv = self.kv(x).reshape(B, -1, 2, C).permute(2, 0, 1, 3)
-        k, v = kv[0], kv[1]
-        n = k.shape[1]
-        k = k + self.positional_encoding
-        scale = nn.Softplus()(self.scale)
-        q = nn.ReLU()(q) + 1e-6
-        k = nn.ReLU()(k) + 1e-6
-        q = q / scale
-        k = k / scale
-        q_norm = q.norm(dim=-1, keepdim=True)
-        k_norm = k.norm(dim=-1, keepdim=True)
-        q = q**self.focusing_factor
-        k = k**self.focusing_factor
-        q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
-        k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
-        q = q.reshape(B, N, self.num_heads, -1).permute(0, 2, 1, 3)
-        k = k.reshape(B, n, self.num_heads, -1).permute(0, 2, 1, 3)
-        v = v.reshape(B, n, self.num_heads, -1).permute(0, 2, 1, 3)
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-        kv = (k.transpose(-2, -1) * (n**-0.5)) @ (v * (n**-0.5))
-        x = q @ kv * z
-        x = x.transpose(1, 2).reshape(B, N, C)
-        v = v.reshape(B * self.num_heads, H, W, -1).permute(0, 3, 1, 2)
-        x = x + self.dwc(v).reshape(B, C, N).permute(0, 2, 1)
-        return self.proj(x)
-
-
-class AuthorsBlock(nn.Module):
-    def __init__(self, dim, num_patches, num_heads, mlp_ratio):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = AuthorsFocusedLinearAttention(dim, num_patches, num_heads)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = AuthorsMlp(dim, int(dim * mlp_ratio))
-
-    def forward(self, x, H, W):
-        x = x + self.attn(self.norm1(x), H, W)
-        return x + self.mlp(self.norm2(x), H, W)
-
-
-class AuthorsOverlapPatchEmbed(nn.Module):
-    def __init__(self, img_size, patch_size, stride, in_chans, embed_dim):
-        super().__init__()
-        self.num_patches = (img_size // stride) ** 2
-        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride, padding=patch_size // 2)
-        self.norm = nn.LayerNorm(embed_dim)
-
-    def forward(self, x):
-        x = self.proj(x)
-        _, _, H, W = x.shape
-        return self.norm(x.flatten(2).transpose(1, 2)), H, W
-
-
-class AuthorsPvtV2(nn.Module):
-    def __init__(self, img_size, embed_dims, depths, num_heads, mlp_ratios, num_classes=1000):
-        super().__init__()
-        for i in range(4):
-            patch_embed = AuthorsOverlapPatchEmbed(
-                img_size if i == 0 else img_size // (2 ** (i + 1)),
-                7 if i == 0 else 3,
-                4 if i == 0 else 2,
-                3 if i == 0 else embed_dims[i - 1],
-                embed_dims[i],
-            )
-            block = nn.ModuleList(
-                [
-                    AuthorsBlock(embed_dims[i], patch_embed.num_patches, num_heads[i], mlp_ratios[i])
-                    for _ in range(depths[i])
-                ]
-            )
-            setattr(self, f"patch_embed{i + 1}", patch_embed)
-            setattr(self, f"block{i + 1}", block)
-            setattr(self, f"norm{i + 1}", nn.LayerNorm(embed_dims[i], eps=1e-6))
-        self.head = nn.Linear(embed_dims[3], num_classes)
-
-    def forward(self, x):
-        B = x.shape[0]
-        for i in range(4):
-            x, H, W = getattr(self, f"patch_embed{i + 1}")(x)
-            for blk in getattr(self, f"block{i + 1}"):
-                x = blk(x, H, W)
-            x = getattr(self, f"norm{i + 1}")(x)
-            if i != 3:
-                x = x.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous()
-        return self.head(x.mean(dim=1))
 
 
 @pytest.fixture
@@ -218,8 +91,19 @@ def test_param_count_matches_paper(name):
     params = count_params(model)
     if name in PUBLISHED:
         assert params == pytest.approx(PUBLISHED[name][0], rel=0.01)
+    elif name in AUTHORS_CODE_PARAMS:
+        assert params == AUTHORS_CODE_PARAMS[name]
     else:  # unpublished: at least ordered by depth
         assert params > PUBLISHED["flatten_pvt_v2_b2"][0]
+
+
+def test_reductions_have_the_authors_parameter_counts():
+    """Counted from their code: B5 with la_sr_ratios 8421 82,807,336; B2 with linear=True (and 8421, which their
+    linear mode needs at 224) 22,788,136."""
+    assert count_params(timm.create_model("flatten_pvt_v2_b5", la_sr_ratios="8421", device="meta")) == 82_807_336
+    linear = timm.create_model("flatten_pvt_v2_b2", linear=True, device="meta")
+    assert count_params(linear) == 22_788_136
+    assert linear.stages[0].blocks[0].attn.positional_encoding.shape == (1, 49, 64)
 
 
 # MACs: torch's flop counter (linvit.utils.count_macs) counts matrix products and convolutions: the linear layers,
@@ -242,23 +126,100 @@ def test_macs_match_paper(name):
 # ----------------------------------------------------------------------------------------------------------------
 # the authors' checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def test_authors_checkpoint_loads_through_timm_with_identical_outputs(tmp_path, fake_yacs):
+def _authors_model(img_size, embed=SMALL, **kwargs):
     torch.manual_seed(0)
-    reference = _randomize(AuthorsPvtV2(SMALL_IMG, num_classes=10, **SMALL)).eval()
-    path = tmp_path / "flatten_pvt_v2_small.pth"
-    _save_authors_file(path, reference, fake_yacs)
-    del sys.modules["yacs.config"]  # loading must not need the config class
+    return _randomize(AuthorsPvtV2(img_size, num_classes=10, **embed, **kwargs)).eval()
 
-    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
-    x = torch.randn(2, 3, SMALL_IMG, SMALL_IMG, dtype=torch.float64)
+
+def _load(reference, path, cfg_class, img_size, **kwargs):
+    _save_authors_file(path, reference, cfg_class)
+    overlay = {"file": str(path)}
+    return _small(num_classes=10, img_size=img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+
+
+def _assert_same_outputs(model, reference, img_size):
+    x = torch.randn(2, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference.double()(x)
         actual = model.double()(x)
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
+# native at 64 (maps 16, 8, 4, 2), half and twice that
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size)
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size)
+    _assert_same_outputs(model, reference, img_size)
+
+
+# la_sr_ratios 8421: keys and values from the map reduced 8x8, 4x4, 2x2 (1x1, 2x2, 4x4 grids at 32, 64, 128)
+@pytest.mark.parametrize("img_size", [32, 64, 128])
+def test_reduced_keys_match_the_authors(img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, la_sr_ratios="8421")
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, la_sr_ratios=(8, 4, 2, 1))
+    assert model.stages[1].blocks[0].attn.sr.weight.shape[-2:] == (4, 4)
+    _assert_same_outputs(model, reference, img_size)
+
+
+# linear=True (PVTv2-Li): their table has num_patches // sr^2 positions and must be the 7x7 pooled grid, so their
+# model builds only where every stage's map is 7 times its ratio: 224 with 8421 (their setting), 448 with 16-8-4-2;
+# no smaller size exists (the last stage's map would be under 7). linvit pools to 7x7 at any size.
+@pytest.mark.parametrize("img_size, ratios", [(224, "8421"), pytest.param(448, (16, 8, 4, 2), marks=pytest.mark.slow)])
+def test_linear_pvt_v2_matches_the_authors(img_size, ratios, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, la_sr_ratios=ratios, linear=True)
+    model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, linear=True)
+    assert model.stages[3].blocks[0].attn.positional_encoding.shape[1] == 49
+    _assert_same_outputs(model, reference, img_size)
+
+
+def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG)
+    path = tmp_path / "flatten_pvt_v2_small.pth"
+    _save_authors_file(path, reference, fake_yacs)
+    del sys.modules["yacs.config"]  # loading must not need the config class
+    model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
+    _assert_same_outputs(model, reference, SMALL_IMG)
+
+
+def test_a_reduction_of_another_kind_is_named(tmp_path, fake_yacs):
+    reduced = _authors_model(SMALL_IMG, la_sr_ratios="8421")
+    message = (
+        r"stage 1 of the checkpoint reduces keys and values 8x8 \(la_sr_ratios\) but the model's pools keys and "
+        r"values to 7x7 \(linear=True\): build the model with la_sr_ratios='8421'"
+    )
+    with pytest.raises(ValueError, match=message):
+        _load(reduced, tmp_path / "reduced.pth", fake_yacs, SMALL_IMG, linear=True)
+    pooled = _authors_model(224, la_sr_ratios="8421", linear=True)
+    with pytest.raises(ValueError, match=r"pools keys and values to 7x7 \(linear=True\) but the model's takes keys and "
+                       r"values from every token \(no reduction\): build the model with linear=True"):  # fmt: skip
+        _load(pooled, tmp_path / "pooled.pth", fake_yacs, 224)
+
+
+def test_reduction_options_are_checked():
+    with pytest.raises(ValueError, match="la_sr_ratios needs one positive reduction ratio per stage"):
+        _small(la_sr_ratios="842", device="meta")
+    with pytest.raises(ValueError, match="la_sr_ratios and linear reduce the keys of focused attention"):
+        _small(la_sr_ratios=2, attn_layers=("focused", "softmax", "focused", "focused"), device="meta")
+
+
+def test_reduced_model_runs_any_size_scripts_and_trains():
+    model = _randomize(_small(la_sr_ratios="8421")).eval()
+    x = torch.randn(1, 3, 70, 90)  # maps that are no multiple of the ratios: the reduction drops the remainder
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()
+    assert_torchscript_matches_eager(model, x)
+    assert_fx_feature_extraction_matches_eager(model, x)
+    assert_every_parameter_gets_a_gradient(_small(linear=True, num_classes=3), x)
+    model.set_input_size(128)
+    assert model.stages[0].blocks[0].attn.pos_size == (4, 4)  # the reduced grid of the 32x32 map
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(x * 16)).all()
 
 
 def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
-    reference = _randomize(AuthorsPvtV2(SMALL_IMG, num_classes=10, **SMALL))
+    reference = _authors_model(SMALL_IMG)
     path = tmp_path / "authors.pth"
     _save_authors_file(path, reference, fake_yacs)
     model = _small(num_classes=10, img_size=96, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
@@ -271,7 +232,7 @@ def test_authors_checkpoint_converts_to_another_resolution(tmp_path, fake_yacs):
 
 
 def test_filter_takes_the_whole_authors_file_dict():
-    reference = _randomize(AuthorsPvtV2(SMALL_IMG, num_classes=10, **SMALL))
+    reference = _authors_model(SMALL_IMG)
     model = _small(num_classes=10)
     checkpoint = {"model": reference.state_dict(), "optimizer": {"state": {}}, "epoch": 3, "config": {"TAG": "x"}}
     converted = linvit.models.flatten_pvt_v2.checkpoint_filter_fn(checkpoint, model)
