@@ -170,6 +170,29 @@ def test_stripe_linear_attention_matches_the_authors(img_size, tmp_path, fake_ya
     _assert_same_outputs(model, reference, img_size)
 
 
+@pytest.mark.slow
+def test_published_tiny_with_the_authors_stripes_at_224_448_and_896(tmp_path, fake_yacs):
+    """FLatten-CSwin-T with the authors' default la_split_size 56-28-14-7: one global branch at 224, two stripe
+    branches (112x56 and 56x112 in stage 1) at 448, four stripes per branch at 896; random weights, float64. Their
+    code builds CSwin-T at multiples of 224 only (stage 3's 7-wide stripes, stage 4's map), so no smaller size."""
+    config = {"embed_dim": 64, "depths": (2, 4, 18, 1), "num_heads": (2, 4, 8, 16), "split_size": (1, 2, 7, 7)}
+    for img_size in (224, 448, 896):
+        depths = config["depths"] if img_size < 896 else (1, 1, 1, 1)  # the stripes, not the depth, at 896
+        reference = AuthorsCSWin(img_size, **{**config, "depths": depths}, la_split_size=(56, 28, 14, 7))
+        _randomize(reference).eval()
+        _save_authors_file(tmp_path / "authors.pth", reference, fake_yacs)
+        overlay = {"file": str(tmp_path / "authors.pth")}
+        model = timm.create_model(
+            "flatten_cswin_tiny_224", **{**config, "depths": depths}, img_size=img_size, la_split_size="56-28-14-7",
+            pretrained=True, pretrained_cfg_overlay=overlay,
+        ).eval()  # fmt: skip
+        x = torch.randn(1, 3, img_size, img_size, dtype=torch.float64)
+        with torch.no_grad():
+            expected, actual = reference.double()(x), model.double()(x)
+        assert torch.isfinite(expected).all() and expected.abs().max() > 0.1
+        torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
 def test_stripe_tables_are_one_stripe_of_the_map_and_follow_the_input_size(tmp_path, fake_yacs):
     model = _small(img_size=64, la_split_size=SPLITS, device="meta", **STRIPED)
     vertical, horizontal = model.stages[0].blocks[0].attns
