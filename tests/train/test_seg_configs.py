@@ -62,7 +62,8 @@ def test_train_py_runs_segmentation_experiment(tmp_path):
     ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "logs" / "seg_synthetic_linvit_nano" / "seg_test"
+    # task_name is <data>_<model> from what the run trains (the backbone override), not the experiment's name
+    run_dir = tmp_path / "logs" / "seg_synthetic_test_convnext" / "seg_test"
     assert (run_dir / "checkpoints" / "best.ckpt").is_file()
     assert "test/mIoU" in (run_dir / "metrics.json").read_text()
     assert (tmp_path / "data" / "seg_synthetic" / "train" / "images").is_dir()
