@@ -52,7 +52,8 @@ def _describe(module: nn.Module) -> str:
             return f"window softmax {_pair(m.window_size)}"
         if isinstance(m, GlobalAttention):
             return "global softmax"
-    return type(module).__name__
+    window = getattr(module, "window_size", None)  # other libraries' window attention (timm's Swin)
+    return f"{type(module).__name__} {_pair(window)}" if window else type(module).__name__
 
 
 def attention_label(stage: nn.Module) -> str:

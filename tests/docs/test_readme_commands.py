@@ -104,6 +104,11 @@ SHELL_PLANS: dict[str, Plan] = {
     "data.num_classes=21 data.img_size=[512,512]": Plan(slow="short"),
     "linvit viz attention skimage:chelsea --query 0.33,0.25 -o attention.png": Plan(default="whole", slow="whole"),
     "linvit viz rank skimage:chelsea -o rank.png": Plan(default="whole", slow="whole"),
+    # Will it fit?
+    "linvit memory linvit_tiny --size 1024x1024 --train --budget 80GiB": Plan(
+        slow="whole", why_not="~40 s of dry runs; tests/commands/test_memory_cmd.py covers the options by default"
+    ),
+    "linvit memory flatten_swin_tiny_patch4_224 --size 448x448 --measure": Plan(default="whole", slow="whole"),
 }
 
 # python blocks, by the start of their first statement that is not an import; what they need defined beforehand
