@@ -19,7 +19,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from linvit.dense.seg_folder import IMAGENET_MEAN, IMAGENET_STD, PairedTransform, SegmentationFolder
-from linvit.train.data_options import capped_workers
+from linvit.train.data_options import capped_workers, fraction, whole_number
 
 __all__ = ["SegmentationDataModule"]
 
@@ -67,7 +67,7 @@ class SegmentationDataModule(LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
-        self.num_classes = num_classes
+        self.num_classes = whole_number(num_classes, "data.num_classes", minimum=1)
         self._given_class_names = list(class_names) if class_names else None
         if self._given_class_names is not None and len(self._given_class_names) != num_classes:
             raise ValueError(
@@ -76,12 +76,18 @@ class SegmentationDataModule(LightningDataModule):
             )
         if in_chans != 3:
             raise ValueError(f"SegmentationDataModule reads RGB images: in_chans must be 3, got {in_chans}.")
-        if isinstance(img_size, int):
+        if img_size is not None and not isinstance(img_size, Sequence):
             img_size = (img_size, img_size)
-        self.crop_size = tuple(img_size) if img_size is not None else None
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        if img_size is not None and len(img_size) != 2:
+            raise ValueError(f"data.img_size must be one side or [height, width], got {list(img_size)}.")
+        sides = img_size or ()
+        self.crop_size = tuple(whole_number(side, "data.img_size", minimum=1) for side in sides) or None
+        self.batch_size = whole_number(batch_size, "data.batch_size", minimum=1)
+        self.eval_batch_size = whole_number(
+            batch_size if eval_batch_size is None else eval_batch_size, "data.eval_batch_size", minimum=1
+        )
         self.num_workers = capped_workers(num_workers)
+        self.val_fraction = fraction(val_fraction, "data.val_fraction")
         self.synthetic = dict(synthetic) if synthetic else None
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
@@ -144,7 +150,7 @@ class SegmentationDataModule(LightningDataModule):
         val_full = SegmentationFolder(root / "images", root / "masks", self._transforms(False), self.num_classes)
         order = list(range(len(train_full)))
         random.Random(self.hparams.seed).shuffle(order)
-        num_val = max(1, math.floor(len(order) * self.hparams.val_fraction))
+        num_val = max(1, math.floor(len(order) * self.val_fraction))
         self.train_set = torch.utils.data.Subset(train_full, order[num_val:])
         self.val_set = torch.utils.data.Subset(val_full, order[:num_val])
         self.test_set = self.val_set

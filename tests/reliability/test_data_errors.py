@@ -373,6 +373,25 @@ def test_split_fractions_are_checked_as_given(options, named):
     assert "1.875" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 1.5}, r"data\.batch_size must be a positive integer, got 1\.5: set data\.batch_size=1 or"),
+        ({"eval_batch_size": 0}, r"data\.eval_batch_size must be a positive integer, got 0"),
+        ({"num_classes": True}, r"data\.num_classes must be a positive integer, got True"),
+        ({"img_size": [64, 0]}, r"data\.img_size must be a positive integer, got 0"),
+        ({"img_size": [32, 48, 64]}, r"data\.img_size must be one side or \[height, width\], got \[32, 48, 64\]"),
+        ({"val_fraction": 1.5}, r"data\.val_fraction=1\.5 is not a share of the data"),
+    ],
+)
+def test_segmentation_data_options_are_checked_like_classification(options, message, tmp_path):
+    from linvit.train.seg_data import SegmentationDataModule
+
+    with pytest.raises(ValueError, match=message):
+        SegmentationDataModule(tmp_path, **{"num_classes": 3, **options})
+    assert SegmentationDataModule(tmp_path, num_classes=3, batch_size=4.0, img_size=48).crop_size == (48, 48)
+
+
 def test_more_data_workers_than_cores_are_capped_with_a_warning(image_root, caplog):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with caplog.at_level(logging.WARNING):
