@@ -10,7 +10,6 @@ import logging
 import os
 import random
 import secrets
-import signal
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -19,6 +18,8 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from linvit.train.worker_signals import workers_block_sigterm
 
 _log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ class SaveOnSigterm(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit" and not self._blocking:
-            _workers_block_sigterm(True)
+            workers_block_sigterm(True)
             self._blocking = True
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -204,7 +205,7 @@ class SaveOnSigterm(Callback):
 
     def _stop_blocking(self) -> None:
         if self._blocking:
-            _workers_block_sigterm(False)
+            workers_block_sigterm(False)
             self._blocking = False
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -285,26 +286,3 @@ def unique_temporary(path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-
-
-_WORKERS_BLOCK_SIGTERM = 0  # fits in progress in this process that want forked workers to block SIGTERM
-_AT_FORK_REGISTERED = False
-
-
-def _workers_block_sigterm(enable: bool) -> None:
-    global _WORKERS_BLOCK_SIGTERM, _AT_FORK_REGISTERED
-    if not hasattr(os, "register_at_fork"):
-        return  # no fork (Windows)
-    if not _AT_FORK_REGISTERED:
-        os.register_at_fork(after_in_child=_block_sigterm_in_child)
-        _AT_FORK_REGISTERED = True
-    _WORKERS_BLOCK_SIGTERM = max(0, _WORKERS_BLOCK_SIGTERM + (1 if enable else -1))
-
-
-def _block_sigterm_in_child() -> None:
-    # A blocked signal stays pending (torch installs its own SIGTERM handler in workers, so ignoring is not enough).
-    # The worker still ends when the main process tells it to, or when it sees the main process gone.
-    global _WORKERS_BLOCK_SIGTERM
-    if _WORKERS_BLOCK_SIGTERM:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        _WORKERS_BLOCK_SIGTERM = 0  # the child's own fits (if any) decide for its children

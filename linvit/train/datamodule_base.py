@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from linvit.train.data_options import capped_workers, whole_number
 from linvit.train.datasets import EpochSeededSampler, SeededSamples
 from linvit.train.image_folder import ReportingDataLoader
+from linvit.train.worker_signals import SigtermSafeDataLoader
 
 _log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class ClassificationDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not created this split; call setup() first.")
         # a dataset that skips unreadable files reports them once per pass over the data
-        loader_class = ReportingDataLoader if hasattr(dataset, "report_bad_files") else DataLoader
+        loader_class = ReportingDataLoader if hasattr(dataset, "report_bad_files") else SigtermSafeDataLoader
         sampler = None
         if train:
             resume, self._resume = self._resume or {}, None  # a resume point serves the first loader only

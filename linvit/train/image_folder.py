@@ -20,12 +20,12 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import has_file_allowed_extension
 
 from linvit.train.augment import AugmentationError
 from linvit.train.folder_scan import scan_split
+from linvit.train.worker_signals import SigtermSafeDataLoader
 
 _log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _name_some(items: Iterable[str]) -> str:
     return ", ".join(items[:_MAX_NAMED]) + more
 
 
-class ReportingDataLoader(DataLoader):
+class ReportingDataLoader(SigtermSafeDataLoader):
     """A ``DataLoader`` that, when a pass over the data ends, lets the dataset report skipped files.
 
     Lightning stops asking for batches after ``len(loader)`` of them without exhausting the iterator, so the

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from linvit.dense.seg_folder import IMAGENET_MEAN, IMAGENET_STD, PairedTransform, SegmentationFolder
 from linvit.train.data_options import capped_workers, fraction, whole_number
+from linvit.train.worker_signals import SigtermSafeDataLoader
 
 __all__ = ["SegmentationDataModule"]
 
@@ -157,7 +158,7 @@ class SegmentationDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(
+        return SigtermSafeDataLoader(
             self.train_set,
             batch_size=self.batch_size,
             shuffle=True,
@@ -175,7 +176,7 @@ class SegmentationDataModule(LightningDataModule):
         return self._eval_loader(self.test_set)
 
     def _eval_loader(self, dataset: Dataset | None) -> DataLoader:
-        return DataLoader(
+        return SigtermSafeDataLoader(
             dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,

@@ -47,9 +47,9 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "a temporary file was left behind"
-    from linvit.train import callbacks
+    from linvit.train import worker_signals
 
-    assert callbacks._WORKERS_BLOCK_SIGTERM == 0, "processes forked after the fit would still block SIGTERM"
+    assert not worker_signals.blocking(), "processes started after the fit would still block SIGTERM"
     signal.signal(signal.SIGTERM, previous)
 
 
@@ -83,6 +83,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from linvit.train.callbacks import SaveOnSigterm
+from linvit.train.worker_signals import SigtermSafeDataLoader
 
 
 class Model(pl.LightningModule):
@@ -100,20 +101,28 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2, persistent_workers=True)
-trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, callbacks=[SaveOnSigterm(sys.argv[1])])
-trainer.fit(Model(), loader)
-print("fit returned without the signal", flush=True)
+if __name__ == "__main__":  # spawned workers import this file
+    out_dir, start_method = sys.argv[1], sys.argv[2]
+    # fork: any DataLoader (a user's own); spawn and forkserver: linvit's loaders
+    loader_class = DataLoader if start_method == "fork" else SigtermSafeDataLoader
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    loader = loader_class(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2,
+                          persistent_workers=True, multiprocessing_context=start_method)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[SaveOnSigterm(out_dir)])
+    pl.seed_everything(0, workers=True)  # Lightning's worker seeding, wrapped by linvit's loader
+    trainer.fit(Model(), loader)
+    print("fit returned without the signal", flush=True)
 """
 
 
-def test_sigterm_to_the_process_group_with_data_workers_saves(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_sigterm_to_the_process_group_with_data_workers_saves(start_method, tmp_path):
     """What `timeout`, SLURM and most schedulers do: SIGTERM to every process of the job, the data workers too.
 
     The workers used to die at once, and the main process crashed ("DataLoader worker (pid ...) is killed by signal:
-    Terminated") without saving.
+    Terminated") without saving; with spawn and forkserver (Python 3.14's default) they still did after the fork
+    fix (in this test forkserver workers happened to survive without it).
     """
     import subprocess
     import sys
@@ -122,7 +131,7 @@ def test_sigterm_to_the_process_group_with_data_workers_saves(tmp_path):
     script.write_text(_GROUP_SIGTERM_CHILD)
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     child = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(script), str(tmp_path), start_method],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
