@@ -11,6 +11,16 @@ import torch
 from torch import nn
 
 
+def assert_same_outputs(model: nn.Module, reference: nn.Module, img_size: int, batch: int = 2) -> None:
+    """linvit's model and the authors' (same weights) give the same logits in float64 on a seeded batch."""
+    x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference.double()(x)
+        actual = model.double()(x)
+    assert expected.abs().max() > 0.1  # a meaningful comparison, not two near-zero outputs
+    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
 def assert_every_parameter_gets_a_gradient(model: nn.Module, x: torch.Tensor) -> None:
     model(x).sum().backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]

@@ -14,6 +14,7 @@ from _flatten_testing import (
     assert_every_parameter_gets_a_gradient,
     assert_fx_feature_extraction_matches_eager,
     assert_grad_checkpointing_keeps_outputs,
+    assert_same_outputs,
     assert_torchscript_matches_eager,
 )
 from torch import nn
@@ -123,15 +124,6 @@ def _load(reference, path, cfg_class, img_size, **kwargs):
     return _small(num_classes=10, img_size=img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
 
 
-def _assert_same_outputs(model, reference, img_size, batch=2):
-    x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = reference.double()(x)
-        actual = model.double()(x)
-    assert expected.abs().max() > 0.1
-    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
-
-
 # SMALL is native at 64 (maps 16, 8, 4, 2). At 32 stage 3's map is its 2-wide stripe: the authors' block there has
 # one branch over the map, which linvit's two stripe branches equal (their LePE split in halves); at 128 stage 3
 # has four stripes per branch.
@@ -139,7 +131,7 @@ def _assert_same_outputs(model, reference, img_size, batch=2):
 def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, fake_yacs):
     reference = _authors_model(img_size)
     model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size)
-    _assert_same_outputs(model, reference, img_size)
+    assert_same_outputs(model, reference, img_size)
 
 
 def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):
@@ -148,7 +140,7 @@ def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_ya
     _save_authors_file(path, reference, fake_yacs)
     del sys.modules["yacs.config"]
     model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
-    _assert_same_outputs(model, reference, SMALL_IMG, batch=1)
+    assert_same_outputs(model, reference, SMALL_IMG, batch=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -167,7 +159,7 @@ def test_stripe_linear_attention_matches_the_authors(img_size, tmp_path, fake_ya
     branches = model.stages[0].blocks[0].attns
     expected = ["full"] if img_size == 32 else ["vertical", "horizontal"]
     assert [branch.direction for branch in branches] == expected
-    _assert_same_outputs(model, reference, img_size)
+    assert_same_outputs(model, reference, img_size)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from _flatten_testing import (
     assert_every_parameter_gets_a_gradient,
     assert_fx_feature_extraction_matches_eager,
     assert_grad_checkpointing_keeps_outputs,
+    assert_same_outputs,
     assert_torchscript_matches_eager,
 )
 from torch import nn
@@ -107,22 +108,13 @@ def _load(reference, path, cfg_class, img_size, **kwargs):
     return _small(num_classes=10, img_size=img_size, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
 
 
-def _assert_same_outputs(model, reference, img_size):
-    x = torch.randn(2, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = reference.double()(x)
-        actual = model.double()(x)
-    assert expected.abs().max() > 0.1
-    torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
-
-
 # native at 64 (maps 16, 8, 4, 2), half and twice that
 @pytest.mark.parametrize("img_size", [32, 64, 128])
 def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, fake_yacs):
     reference = _authors_model(img_size)
     model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size)
     assert not any(name.startswith("norm.") for name in model.state_dict())  # the unused norm is gone
-    _assert_same_outputs(model, reference, img_size)
+    assert_same_outputs(model, reference, img_size)
 
 
 # la_sr_ratios 8421: keys and values from the map reduced 8x8, 4x4, 2x2 (1x1, 2x2, 4x4 grids at 32, 64, 128)
@@ -131,7 +123,7 @@ def test_reduced_keys_match_the_authors(img_size, tmp_path, fake_yacs):
     reference = _authors_model(img_size, la_sr_ratios="8421")
     model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, la_sr_ratios="8421")
     assert model.stages[0].blocks[0].attn.sr.weight.shape[-2:] == (8, 8)
-    _assert_same_outputs(model, reference, img_size)
+    assert_same_outputs(model, reference, img_size)
 
 
 def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):
@@ -140,7 +132,7 @@ def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_ya
     _save_authors_file(path, reference, fake_yacs)
     del sys.modules["yacs.config"]
     model = _small(num_classes=10, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).eval()
-    _assert_same_outputs(model, reference, SMALL_IMG)
+    assert_same_outputs(model, reference, SMALL_IMG)
 
 
 def test_a_reduction_of_another_ratio_is_named(tmp_path, fake_yacs):

@@ -15,6 +15,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from _authors_swin import RefFLattenSwin
+from _flatten_testing import assert_same_outputs
 
 import linvit.models  # noqa: F401  (registers the models)
 from linvit.attention import resize_relative_position_bias
@@ -137,15 +138,6 @@ def _load_authors(ref, path, monkeypatch, **kwargs):
     return timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=overlay, **dict(TINY, **kwargs)).eval()
 
 
-def _assert_same_outputs(model, ref, img_size, batch=2):
-    x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = ref.double()(x)
-        actual = model.double()(x)
-    assert expected.abs().max() > 0.1  # a meaningful comparison, not two near-zero outputs
-    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-9)
-
-
 # TINY is native at 128: stage maps 32, 16, 8, 4. At 64 the authors shrink stage 4's softmax window to its 2x2 map
 # (a 3x3 bias table: it must land in the centre of linvit's 7x7 one); at 256 stage 1 (64x64) exceeds the 32 linear
 # window, so every second linear block rolls its map by 16 (no mask), as the authors' blocks do.
@@ -153,7 +145,7 @@ def _assert_same_outputs(model, ref, img_size, batch=2):
 def test_authors_checkpoint_matches_their_model_at_and_around_its_size(img_size, tmp_path, monkeypatch):
     ref = _reference(img_size)
     model = _load_authors(ref, tmp_path / "flatten_swin_t.pth", monkeypatch, img_size=img_size)
-    _assert_same_outputs(model, ref, img_size)
+    assert_same_outputs(model, ref, img_size)
 
 
 def test_linear_blocks_shift_only_where_the_map_exceeds_the_linear_window(tmp_path, monkeypatch):
@@ -215,7 +207,7 @@ def test_published_configuration_matches_the_authors_at_three_sizes(name, sizes,
         overlay = {"file": str(tmp_path / "authors.pth")}
         kwargs = {"img_size": img_size, "depths": depths}
         model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
-        _assert_same_outputs(model, ref, img_size, batch=1)
+        assert_same_outputs(model, ref, img_size, batch=1)
 
 
 def test_tables_the_authors_shrank_land_in_the_centre(tmp_path, monkeypatch):
