@@ -108,7 +108,9 @@ SHELL_PLANS: dict[str, Plan] = {
     "linvit memory linvit_tiny --size 1024x1024 --train --budget 80GiB": Plan(
         slow="whole", why_not="~40 s of dry runs; tests/commands/test_memory_cmd.py covers the options by default"
     ),
-    "linvit memory flatten_swin_tiny_patch4_224 --size 448x448 --measure": Plan(default="whole", slow="whole"),
+    "linvit memory flatten_swin_tiny_patch4_224 --size 448x448 --measure": Plan(
+        slow="whole", why_not="~25 s; tests/commands/test_memory_cmd.py measures linvit_nano in the default tier"
+    ),
 }
 
 # python blocks, by the start of their first statement that is not an import; what they need defined beforehand

@@ -116,7 +116,10 @@ if __name__ == "__main__":  # spawned workers import this file
 """
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "start_method",
+    ["fork", "spawn", pytest.param("forkserver", marks=pytest.mark.slow)],  # ~20 s per start method
+)
 def test_sigterm_to_the_process_group_with_data_workers_saves(start_method, tmp_path):
     """What `timeout`, SLURM and most schedulers do: SIGTERM to every process of the job, the data workers too.
 
