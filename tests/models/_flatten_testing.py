@@ -11,6 +11,31 @@ import torch
 from torch import nn
 
 
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Seeded N(0, 0.3²) parameters: outputs far from a fresh model's, so that a wrong weight mapping shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model
+
+
+def save_authors_checkpoint(path, model: nn.Module, config, max_accuracy: float) -> None:
+    """A training checkpoint in the authors' layout: weights under "model" beside the optimizer and scheduler states,
+    the accuracy, the epoch and their pickled yacs config (`config`, built from the `fake_yacs` class)."""
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": {"state": {}, "param_groups": [{"lr": 5e-4, "params": [0]}]},
+            "lr_scheduler": {"last_epoch": 299},
+            "max_accuracy": max_accuracy,
+            "epoch": 299,
+            "config": config,
+        },
+        path,
+    )
+
+
 def assert_same_outputs(model: nn.Module, reference: nn.Module, img_size: int, batch: int = 2) -> None:
     """linvit's model and the authors' (same weights) give the same logits in float64 on a seeded batch."""
     x = torch.randn(batch, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 import timm
@@ -16,8 +15,9 @@ from _flatten_testing import (
     assert_grad_checkpointing_keeps_outputs,
     assert_same_outputs,
     assert_torchscript_matches_eager,
+    randomize,
+    save_authors_checkpoint,
 )
-from torch import nn
 
 import linvit.models.flatten_cswin
 from linvit.attention import FocusedLinearLePEAttention, stripe_attention_reference
@@ -37,44 +37,9 @@ def _small(**kwargs):
     return timm.create_model("flatten_cswin_tiny_224", **{**SMALL, "img_size": SMALL_IMG, **kwargs})
 
 
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model
-
-
-@pytest.fixture
-def fake_yacs(monkeypatch):
-    """`yacs.config.CfgNode` stand-in, so the saved file pickles a config object as the authors' files do."""
-
-    class CfgNode(dict):
-        pass
-
-    CfgNode.__module__ = "yacs.config"
-    CfgNode.__qualname__ = "CfgNode"
-    package, module = types.ModuleType("yacs"), types.ModuleType("yacs.config")
-    module.CfgNode = CfgNode
-    package.config = module
-    monkeypatch.setitem(sys.modules, "yacs", package)
-    monkeypatch.setitem(sys.modules, "yacs.config", module)
-    return CfgNode
-
-
 def _save_authors_file(path, model, cfg_class):
     config = cfg_class(MODEL=cfg_class(TYPE="FLatten_CSWin_64_24181_tiny_224", LA=cfg_class(ATTN_TYPE="LLSS")))
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": {"state": {}, "param_groups": [{"lr": 5e-4, "params": [0]}]},
-            "lr_scheduler": {"last_epoch": 299},
-            "max_accuracy": 83.1,
-            "epoch": 299,
-            "config": config,
-        },
-        path,
-    )
+    save_authors_checkpoint(path, model, config, max_accuracy=83.1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -115,7 +80,7 @@ def test_structure_follows_the_authors():
 # the authors' checkpoints
 # ----------------------------------------------------------------------------------------------------------------
 def _authors_model(img_size, **kwargs):
-    return _randomize(AuthorsCSWin(img_size, num_classes=10, **{**SMALL, **kwargs})).eval()
+    return randomize(AuthorsCSWin(img_size, num_classes=10, **{**SMALL, **kwargs})).eval()
 
 
 def _load(reference, path, cfg_class, img_size, **kwargs):
@@ -171,7 +136,7 @@ def test_published_tiny_with_the_authors_stripes_at_224_448_and_896(tmp_path, fa
     for img_size in (224, 448, 896):
         depths = config["depths"] if img_size < 896 else (1, 1, 1, 1)  # the stripes, not the depth, at 896
         reference = AuthorsCSWin(img_size, **{**config, "depths": depths}, la_split_size=(56, 28, 14, 7))
-        _randomize(reference).eval()
+        randomize(reference).eval()
         _save_authors_file(tmp_path / "authors.pth", reference, fake_yacs)
         overlay = {"file": str(tmp_path / "authors.pth")}
         model = timm.create_model(
@@ -222,10 +187,10 @@ def test_stripe_checkpoint_in_a_whole_map_model_names_the_cause(tmp_path, fake_y
 
 
 def test_striped_model_scripts_traces_and_trains():
-    branch = _randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction="horizontal", split_size=4)).eval()
+    branch = randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction="horizontal", split_size=4)).eval()
     qkv = torch.randn(1, 10 * 13, 24)
     assert_torchscript_matches_eager(branch, qkv, (10, 13))  # the whole striped model scripts too, slowly
-    model = _randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval()
+    model = randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval()
     x = torch.randn(1, 3, 70, 90)  # stripes of maps that are no multiple of them
     assert_fx_feature_extraction_matches_eager(model, x)
     assert_every_parameter_gets_a_gradient(_small(img_size=64, la_split_size=SPLITS, **STRIPED), x)
@@ -234,7 +199,7 @@ def test_striped_model_scripts_traces_and_trains():
 @pytest.mark.slow
 def test_striped_model_scripts():
     assert_torchscript_matches_eager(
-        _randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval(), torch.randn(1, 3, 70, 90)
+        randomize(_small(img_size=64, la_split_size=SPLITS, **STRIPED)).eval(), torch.randn(1, 3, 70, 90)
     )
 
 
@@ -250,7 +215,7 @@ def test_linear_stripes_pad_and_mask_exactly(direction, hw):
     """Maps that are no multiple of the stripe: padding with masked keys equals attending within the narrower last
     stripe (the authors' steps on each stripe cut out, with the table's positions of its columns or rows)."""
     torch.manual_seed(0)
-    branch = _randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction=direction, split_size=4)).double()
+    branch = randomize(FocusedLinearLePEAttention(8, 2, (4, 4), direction=direction, split_size=4)).double()
     qkv = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(branch(qkv, hw), _focused_stripe_reference(branch, qkv, hw))
@@ -310,7 +275,7 @@ def test_filter_accepts_converted_state_dicts():
 @pytest.mark.parametrize("hw", [(6, 9), (7, 7), (2, 3)])
 def test_stripe_attention_pads_and_masks_exactly(direction, hw):
     torch.manual_seed(0)
-    attn = _randomize(LePEAttention(8, 2, split_size=4, direction=direction)).double()
+    attn = randomize(LePEAttention(8, 2, split_size=4, direction=direction)).double()
     qkv = torch.randn(2, hw[0] * hw[1], 24, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(attn(qkv, hw), stripe_attention_reference(attn, qkv, hw))
@@ -362,11 +327,11 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_grad_checkpointing_keeps_outputs():
-    assert_grad_checkpointing_keeps_outputs(_randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
+    assert_grad_checkpointing_keeps_outputs(randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
 
 
 def test_set_input_size_resizes_tables_and_keeps_outputs():
-    model = _randomize(_small()).eval()
+    model = randomize(_small()).eval()
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
         expected = model(x)
@@ -382,11 +347,11 @@ def test_timm_api():
 
 
 def test_torchscript_matches_eager():
-    assert_torchscript_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
+    assert_torchscript_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
 
 
 def test_fx_feature_extraction_matches_eager():
-    assert_fx_feature_extraction_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
+    assert_fx_feature_extraction_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
 
 
 def test_smallest_input_is_3x3_and_smaller_ones_name_the_minimum():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 import timm
@@ -17,8 +16,9 @@ from _flatten_testing import (
     assert_grad_checkpointing_keeps_outputs,
     assert_same_outputs,
     assert_torchscript_matches_eager,
+    randomize,
+    save_authors_checkpoint,
 )
-from torch import nn
 
 import linvit.models.flatten_pvt
 from linvit.utils import count_macs, count_params
@@ -38,42 +38,9 @@ def _small(**kwargs):
     return timm.create_model("flatten_pvt_tiny", **{**SMALL, "img_size": SMALL_IMG, **kwargs})
 
 
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model
-
-
-@pytest.fixture
-def fake_yacs(monkeypatch):
-    """`yacs.config.CfgNode` stand-in, so the saved file pickles a config object as the authors' files do."""
-
-    class CfgNode(dict):
-        pass
-
-    CfgNode.__module__ = "yacs.config"
-    CfgNode.__qualname__ = "CfgNode"
-    package, module = types.ModuleType("yacs"), types.ModuleType("yacs.config")
-    module.CfgNode = CfgNode
-    package.config = module
-    monkeypatch.setitem(sys.modules, "yacs", package)
-    monkeypatch.setitem(sys.modules, "yacs.config", module)
-    return CfgNode
-
-
-def _save_authors_file(path, model, cfg_class, ema=False, la_sr_ratios=1111):
-    config = cfg_class(MODEL=cfg_class(TYPE="flatten_pvt_tiny", LA=cfg_class(PVT_LA_SR_RATIOS=la_sr_ratios)))
-    checkpoint = {
-        "model": model.state_dict(),
-        "optimizer": {"state": {}, "param_groups": [{"lr": 5e-4, "params": [0]}]},
-        "lr_scheduler": {"last_epoch": 299},
-        "max_accuracy": 77.8,
-        "epoch": 299,
-        "config": config,
-    }
-    torch.save(checkpoint, path)
+def _save_authors_file(path, model, cfg_class):
+    config = cfg_class(MODEL=cfg_class(TYPE="flatten_pvt_tiny", LA=cfg_class(PVT_LA_SR_RATIOS=1111)))
+    save_authors_checkpoint(path, model, config, max_accuracy=77.8)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -99,7 +66,7 @@ def test_macs_match_paper(name):
 # ----------------------------------------------------------------------------------------------------------------
 def _authors_model(img_size, **kwargs):
     torch.manual_seed(0)
-    return _randomize(AuthorsPvt(img_size, num_classes=10, **SMALL, **kwargs)).eval()
+    return randomize(AuthorsPvt(img_size, num_classes=10, **SMALL, **kwargs)).eval()
 
 
 def _load(reference, path, cfg_class, img_size, **kwargs):
@@ -209,11 +176,11 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_grad_checkpointing_keeps_outputs():
-    assert_grad_checkpointing_keeps_outputs(_randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
+    assert_grad_checkpointing_keeps_outputs(randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
 
 
 def test_set_input_size_resizes_tables_and_keeps_outputs():
-    model = _randomize(_small()).eval()
+    model = randomize(_small()).eval()
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
         expected = model(x)
@@ -229,8 +196,8 @@ def test_timm_api():
 
 
 def test_torchscript_matches_eager():
-    assert_torchscript_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
+    assert_torchscript_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
 
 
 def test_fx_feature_extraction_matches_eager():
-    assert_fx_feature_extraction_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
+    assert_fx_feature_extraction_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 60, 90))

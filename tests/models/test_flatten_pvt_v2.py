@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import types
 
 import pytest
 import timm
@@ -18,8 +17,9 @@ from _flatten_testing import (
     assert_grad_checkpointing_keeps_outputs,
     assert_same_outputs,
     assert_torchscript_matches_eager,
+    randomize,
+    save_authors_checkpoint,
 )
-from torch import nn
 
 import linvit.models.flatten_pvt_v2  # noqa: F401  (registers the models)
 from linvit.utils import count_macs, count_params
@@ -43,44 +43,9 @@ def _small(**kwargs):
     return timm.create_model("flatten_pvt_v2_b0", **{**SMALL, "img_size": SMALL_IMG, **kwargs})
 
 
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model
-
-
-@pytest.fixture
-def fake_yacs(monkeypatch):
-    """`yacs.config.CfgNode` stand-in, so the saved file pickles a config object as the authors' files do."""
-
-    class CfgNode(dict):
-        pass
-
-    CfgNode.__module__ = "yacs.config"
-    CfgNode.__qualname__ = "CfgNode"
-    package, module = types.ModuleType("yacs"), types.ModuleType("yacs.config")
-    module.CfgNode = CfgNode
-    package.config = module
-    monkeypatch.setitem(sys.modules, "yacs", package)
-    monkeypatch.setitem(sys.modules, "yacs.config", module)
-    return CfgNode
-
-
 def _save_authors_file(path, model, cfg_class):
     config = cfg_class(MODEL=cfg_class(TYPE="flatten_pvt_v2_b0", LA=cfg_class(PVT_LA_SR_RATIOS=1111)))
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": {"state": {}, "param_groups": [{"lr": 5e-4, "params": [0]}]},
-            "lr_scheduler": {"last_epoch": 299},
-            "max_accuracy": 71.1,
-            "epoch": 299,
-            "config": config,
-        },
-        path,
-    )
+    save_authors_checkpoint(path, model, config, max_accuracy=71.1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -129,7 +94,7 @@ def test_macs_match_paper(name):
 # ----------------------------------------------------------------------------------------------------------------
 def _authors_model(img_size, embed=SMALL, **kwargs):
     torch.manual_seed(0)
-    return _randomize(AuthorsPvtV2(img_size, num_classes=10, **embed, **kwargs)).eval()
+    return randomize(AuthorsPvtV2(img_size, num_classes=10, **embed, **kwargs)).eval()
 
 
 def _load(reference, path, cfg_class, img_size, **kwargs):
@@ -215,7 +180,7 @@ def test_reduction_options_are_checked():
 
 
 def test_reduced_model_runs_any_size_scripts_and_trains():
-    model = _randomize(_small(la_sr_ratios="8421")).eval()
+    model = randomize(_small(la_sr_ratios="8421")).eval()
     x = torch.randn(1, 3, 70, 90)  # maps that are no multiple of the ratios: the reduction drops the remainder
     with torch.no_grad():
         assert torch.isfinite(model(x)).all()
@@ -305,11 +270,11 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_grad_checkpointing_keeps_outputs():
-    assert_grad_checkpointing_keeps_outputs(_randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
+    assert_grad_checkpointing_keeps_outputs(randomize(_small()).eval(), torch.randn(1, 3, 64, 80))
 
 
 def test_set_input_size_resizes_tables_and_keeps_outputs():
-    model = _randomize(_small()).eval()
+    model = randomize(_small()).eval()
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
         expected = model(x)  # tables resized on the fly
@@ -334,7 +299,7 @@ def test_meta_device_and_dtype():
 
 
 def test_torchscript_matches_eager():
-    assert_torchscript_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 64, 96))
+    assert_torchscript_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 64, 96))
 
 
 def test_head_dims_are_those_of_the_paper():
@@ -345,4 +310,4 @@ def test_head_dims_are_those_of_the_paper():
 
 
 def test_fx_feature_extraction_matches_eager():
-    assert_fx_feature_extraction_matches_eager(_randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
+    assert_fx_feature_extraction_matches_eager(randomize(_small()).eval(), torch.randn(1, 3, 60, 90))
