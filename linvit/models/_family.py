@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ __all__ = [
     "fuse_q_kv",
     "is_converted",
     "one_based_stage",
+    "positive_per_stage",
     "rename_keys",
     "resize_positional_encodings",
     "unwrap_checkpoint",
@@ -93,6 +94,18 @@ def one_based_stage(template: str) -> Callable[[re.Match], str]:
         return template.format(stage=int(match.group(1)) - 1, index=index)
 
     return replace
+
+
+def positive_per_stage(parts: Iterable[Any], num_stages: int, error: str) -> tuple[int, ...]:
+    """``parts`` as one positive int per stage (the authors' per-stage options, e.g. "56-28-14-7" split), else a
+    ValueError with ``error``."""
+    try:
+        values = tuple(int(part) for part in parts)
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != num_stages or min(values) < 1:
+        raise ValueError(error)
+    return values
 
 
 def rename_keys(

@@ -60,6 +60,7 @@ from linvit.models._family import (
     family_cfg,
     is_converted,
     one_based_stage,
+    positive_per_stage,
     rename_keys,
     resize_positional_encodings,
     unwrap_checkpoint,
@@ -280,17 +281,13 @@ def _linear_splits(la_split_size: Sequence[int] | str | None, num_stages: int) -
     """``la_split_size`` as one positive int per stage (the authors write "56-28-14-7"), or None."""
     if la_split_size is None:
         return None
-    parts = la_split_size.split("-") if isinstance(la_split_size, str) else list(la_split_size)
-    try:
-        splits = tuple(int(part) for part in parts)
-    except (TypeError, ValueError):
-        splits = ()
-    if len(splits) != num_stages or min(splits) < 1:
-        raise ValueError(
-            f"la_split_size needs one positive stripe width per stage ({num_stages}), got {la_split_size!r}; e.g. "
-            f"'56-28-14-7' or (56, 28, 14, 7)."
-        )
-    return splits
+    parts = la_split_size.split("-") if isinstance(la_split_size, str) else la_split_size
+    return positive_per_stage(
+        parts,
+        num_stages,
+        f"la_split_size needs one positive stripe width per stage ({num_stages}), got {la_split_size!r}; e.g. "
+        f"'56-28-14-7' or (56, 28, 14, 7).",
+    )
 
 
 _BRANCH_KEY = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.attns\.(\d+)\.")

@@ -24,6 +24,7 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
+from linvit.models._family import positive_per_stage
 from linvit.ops._numerics import at_least_float32
 
 __all__ = ["POOLED_GRID", "ReducedKeysFocusedAttention", "check_reductions", "reduction_ratios"]
@@ -37,22 +38,13 @@ torch.fx.wrap("resize_positional_table")
 def reduction_ratios(la_sr_ratios: int | str | tuple[int, ...] | list[int], num_stages: int) -> tuple[int, ...]:
     """``la_sr_ratios`` as one positive int per stage: an int for every stage, a sequence, or the authors' digit
     string (``"8421"``, one digit per stage)."""
-    if isinstance(la_sr_ratios, int):
-        parts = [la_sr_ratios] * num_stages
-    elif isinstance(la_sr_ratios, str):
-        parts = list(la_sr_ratios)
-    else:
-        parts = list(la_sr_ratios)
-    try:
-        ratios = tuple(int(part) for part in parts)
-    except (TypeError, ValueError):
-        ratios = ()
-    if len(ratios) != num_stages or min(ratios) < 1:
-        raise ValueError(
-            f"la_sr_ratios needs one positive reduction ratio per stage ({num_stages}), got {la_sr_ratios!r}; e.g. 1 "
-            f"(no reduction), '8421' or (8, 4, 2, 1)."
-        )
-    return ratios
+    parts = [la_sr_ratios] * num_stages if isinstance(la_sr_ratios, int) else la_sr_ratios  # a str: its digits
+    return positive_per_stage(
+        parts,
+        num_stages,
+        f"la_sr_ratios needs one positive reduction ratio per stage ({num_stages}), got {la_sr_ratios!r}; e.g. 1 "
+        f"(no reduction), '8421' or (8, 4, 2, 1).",
+    )
 
 
 class ReducedKeysFocusedAttention(FocusedLinearAttention):
