@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from linvit.io import UntrustedCheckpointError
     from linvit.train.export import find_checkpoint, load_checkpoint
     from linvit.train.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
-    from linvit.utils.saved_config import UntrustedConfigError
+    from linvit.utils.saved_config import TRUSTED_DATAMODULES, UntrustedConfigError
 
     try:
         checkpoint = find_checkpoint(args.run, args.checkpoint)
@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         data_cfg["persistent_workers"] = False
     try:
         # a run directory is data from someone: build only linvit's own classes from it (unless --trusted)
-        datamodule = build_from_config(data_cfg, config_path, trusted=args.trusted, prefix="data")
+        datamodule = build_from_config(
+            data_cfg, config_path, trusted=args.trusted, prefix="data", allowed=TRUSTED_DATAMODULES
+        )
         saved = load_checkpoint(checkpoint, trusted=args.trusted, opt_in="--trusted")
         # the weights come from the checkpoint: never fetch pretrained ones first
         model = module_from_checkpoint(

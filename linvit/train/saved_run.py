@@ -135,19 +135,27 @@ def _build(node: Any) -> Any:
 
 
 def build_from_config(
-    config: Mapping[str, Any], source: str | Path, *, trusted: bool = False, prefix: str = "", opt_in: str = "--trusted"
+    config: Mapping[str, Any],
+    source: str | Path,
+    *,
+    trusted: bool = False,
+    prefix: str = "",
+    opt_in: str = "--trusted",
+    allowed: frozenset[str] | None = None,
 ) -> Any:
-    """Build what ``config`` names by ``_target_`` (nested nodes first), as Hydra would, after checking every target
-    against linvit's allow-list unless ``trusted``.
+    """Build what ``config`` names by ``_target_`` (nested nodes first), as Hydra would, after checking, unless
+    ``trusted``, that only its root names a class, one in ``allowed`` (default: linvit's allow-list,
+    :data:`~linvit.utils.saved_config.TRUSTED_TARGETS`).
 
     ``source`` and ``prefix`` (the key of ``config`` in that file) name the refused entry in the
     :class:`~linvit.utils.saved_config.UntrustedConfigError`; ``opt_in`` is the option that trusts the file.
     """
-    from linvit.utils.saved_config import check_targets
+    from linvit.utils.saved_config import TRUSTED_TARGETS, check_targets
 
     config = _with_current_targets(config)
     if not trusted:
-        check_targets(config, source, opt_in=opt_in, prefix=prefix)
+        allowed = TRUSTED_TARGETS if allowed is None else allowed
+        check_targets(config, source, opt_in=opt_in, prefix=prefix, allowed=allowed)
     return _build(config)
 
 
@@ -174,7 +182,7 @@ def module_from_checkpoint(
         from linvit.train.seg_module import SegmentationModule
 
         if not trusted:
-            check_targets(hparams, source, opt_in, prefix="hyper_parameters")
+            check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
             check_model_arguments(str(hparams.get("backbone")), hparams.get("backbone_kwargs"), source, opt_in)
         names = hparams.get("class_names") or getattr(datamodule, "class_names", None)
         module = SegmentationModule(**{**hparams, "pretrained": False, "checkpoint": None, "class_names": names})

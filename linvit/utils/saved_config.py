@@ -6,8 +6,10 @@ arguments (``config.json``). Hydra imports and calls any ``_target_`` it is give
 readily as a DataModule), and timm follows hub names, local folders and checkpoint paths. So every command that
 builds something from a saved config first checks it here:
 
-- ``_target_`` entries must name one of linvit's own classes (:data:`TRUSTED_TARGETS`); Lightning's
-  ``_instantiator`` is refused outright;
+- only the object being built, the run's DataModule or its model, may carry a ``_target_``, and it must name one of
+  linvit's own classes of that kind (:data:`TRUSTED_DATAMODULES`, :data:`TRUSTED_MODELS`); a ``_target_`` anywhere
+  below it (an argument built as an object) is refused, whatever it names, and Lightning's ``_instantiator`` is
+  refused outright;
 - a model must be a registered timm name (no ``hf-hub:`` / ``local-dir:`` source), created without arguments that
   load files or pretrained configs (:data:`LOADING_ARGUMENTS`).
 
@@ -23,6 +25,8 @@ from typing import Any
 
 __all__ = [
     "LOADING_ARGUMENTS",
+    "TRUSTED_DATAMODULES",
+    "TRUSTED_MODELS",
     "TRUSTED_TARGETS",
     "UntrustedConfigError",
     "check_classifier_hparams",
@@ -30,20 +34,28 @@ __all__ = [
     "check_targets",
 ]
 
-TRUSTED_TARGETS: frozenset[str] = frozenset(
+TRUSTED_DATAMODULES: frozenset[str] = frozenset(
     {
-        # DataModules
         "linvit.train.datamodules.DigitsDataModule",
         "linvit.train.datamodules.FashionMNISTDataModule",
         "linvit.train.datamodules.ImageFolderDataModule",
         "linvit.train.datamodules.CIFARDataModule",
         "linvit.train.seg_data.SegmentationDataModule",
-        # LightningModules: classification, and segmentation (backbone + its FPN / UperNet head)
+    }
+)
+"""The classes a saved config's ``data._target_`` may name without an opt-in: linvit's DataModules."""
+
+TRUSTED_MODELS: frozenset[str] = frozenset(
+    {
+        # classification, and segmentation (backbone + its FPN / UperNet head)
         "linvit.train.module.ImageClassifier",
         "linvit.train.seg_module.SegmentationModule",
     }
 )
-"""The classes a saved config may name in ``_target_`` without an opt-in: linvit's DataModules and models."""
+"""The classes a saved config's ``model._target_`` may name without an opt-in: linvit's LightningModules."""
+
+TRUSTED_TARGETS: frozenset[str] = TRUSTED_DATAMODULES | TRUSTED_MODELS
+"""Every class a saved config may name in a top-level ``_target_`` (of its ``data`` or its ``model``)."""
 
 LOADING_ARGUMENTS: frozenset[str] = frozenset(
     {"checkpoint_path", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "pretrained"}
@@ -88,19 +100,34 @@ def _refusal(source: str | Path, what: str, opt_in: str) -> UntrustedConfigError
     )
 
 
-def check_targets(config: Any, source: str | Path, opt_in: str = "--trusted", prefix: str = "") -> None:
-    """Raise :class:`UntrustedConfigError` unless every ``_target_`` below ``config`` is in :data:`TRUSTED_TARGETS`.
+def check_targets(
+    config: Any,
+    source: str | Path,
+    opt_in: str = "--trusted",
+    prefix: str = "",
+    *,
+    allowed: frozenset[str] = TRUSTED_TARGETS,
+) -> None:
+    """Raise :class:`UntrustedConfigError` unless ``config`` builds at most one object, itself, of a class in
+    ``allowed``.
 
-    ``config``: a dict or OmegaConf node (a whole ``config.yaml``, one of its groups, or checkpoint
-    hyper-parameters). ``source``: the file it came from, for the message. ``prefix``: the key of ``config`` inside
-    that file (e.g. ``data``), so the message names the full key. Lightning's ``_instantiator`` is always refused.
+    ``config``: a dict or OmegaConf node: the section that is built (a run's ``data`` or ``model``), or checkpoint
+    hyper-parameters (``allowed=frozenset()``: arguments, nothing in them is built). Only a ``_target_`` at the root
+    of ``config`` is looked up in ``allowed``; one anywhere below it is refused whatever it names (an allow-listed
+    class built as an argument would run with arguments nobody checked, e.g. a checkpoint path), and Lightning's
+    ``_instantiator`` is always refused. ``source``: the file it came from, for the message. ``prefix``: the key of
+    ``config`` inside that file (e.g. ``data``), so the message names the full key.
     """
     for where, key, value in _walk(_plain(config), prefix):
         if key not in _CALLABLE_KEYS:
             continue
-        if key == "_target_" and isinstance(value, str) and value in TRUSTED_TARGETS:
+        at_root = where == (f"{prefix}.{key}" if prefix else key)
+        if key == "_target_" and at_root and isinstance(value, str) and value in allowed:
             continue
-        raise _refusal(source, f"{where}={value!r}", opt_in)
+        what = f"{where}={value!r}"
+        if key == "_target_" and (not at_root or not allowed):
+            what += " (a saved config builds its DataModule and its model, and nothing named below them)"
+        raise _refusal(source, what, opt_in)
 
 
 def check_model_arguments(
@@ -121,11 +148,11 @@ def check_model_arguments(
     loading = sorted(LOADING_ARGUMENTS.intersection(args))
     if loading:
         raise _refusal(source, f"model arguments {loading} (they load files or weights)", opt_in)
-    check_targets(args, source, opt_in, prefix="model_args")
+    check_targets(args, source, opt_in, prefix="model_args", allowed=frozenset())
 
 
 def check_classifier_hparams(hparams: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
     """Check an ``ImageClassifier`` checkpoint's hyper-parameters: no callables, a registered model that loads
     nothing. (The classifier's ``pretrained`` flag is the caller's to override: the weights come from the file.)"""
-    check_targets(hparams, source, opt_in, prefix="hyper_parameters")
+    check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
     check_model_arguments(str(hparams.get("model_name")), hparams.get("model_kwargs"), source, opt_in)

@@ -68,6 +68,62 @@ def test_eval_refuses_a_nested_target_inside_an_allowed_datamodule(tmp_path, cap
     assert not victim.exists()
 
 
+def _allowed_class_that_opens(victim: Path, which: str) -> dict:
+    """An allow-listed class as an argument, with arguments that open ``victim`` (the issue's two examples)."""
+    if which == "segmentation_checkpoint":
+        return {
+            "_target_": "linvit.train.seg_module.SegmentationModule",
+            "backbone": "linvit_nano",
+            "num_classes": 2,
+            "checkpoint": str(victim),
+        }
+    return {
+        "_target_": "linvit.train.module.ImageClassifier",
+        "model_name": "linvit_nano",
+        "num_classes": 10,
+        "pretrained": True,
+        "model_kwargs": {"pretrained_cfg_overlay": {"file": str(victim)}},
+    }
+
+
+@pytest.mark.parametrize("which", ["segmentation_checkpoint", "classifier_pretrained_file"])
+def test_eval_builds_only_the_top_level_datamodule_not_an_allowed_class_below_it(tmp_path, capsys, monkeypatch, which):
+    victim = tmp_path / "victim.pth"
+    torch.save({"weights": torch.zeros(1)}, victim)
+    opened = []
+    real_open = Path.open
+
+    def watch(path, *args, **kwargs):
+        if Path(path).resolve() == victim.resolve():
+            opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", watch)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: opened.append(a) or {})
+    data = {"_target_": "linvit.train.datamodules.DigitsDataModule", "mean": _allowed_class_that_opens(victim, which)}
+    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "data.mean._target_" in err and "--trusted" in err, err
+    assert not opened
+
+
+def test_eval_refuses_a_model_class_as_the_datamodule(tmp_path, capsys):
+    data = _allowed_class_that_opens(tmp_path / "victim.pth", "classifier_pretrained_file")
+    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
+    assert "data._target_='linvit.train.module.ImageClassifier'" in capsys.readouterr().err
+
+
+def test_a_target_in_checkpoint_hyperparameters_is_refused_even_when_allow_listed(tmp_path):
+    nested = {"_target_": "linvit.train.datamodules.DigitsDataModule"}
+    with pytest.raises(UntrustedConfigError, match=r"hyper_parameters\.model_kwargs\.act_layer\._target_"):
+        check_classifier_hparams({**HPARAMS, "model_kwargs": {"act_layer": nested}}, "x.ckpt")
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"hyper_parameters": {"data": nested}, "state_dict": {}}, ckpt)
+    cfg = OmegaConf.create({"ckpt_path": str(ckpt), "resume": True, "paths": {"output_dir": str(tmp_path)}})
+    with pytest.raises(UntrustedConfigError, match=r"hyper_parameters\.data\._target_"):
+        resolve_ckpt_path(cfg)
+
+
 @pytest.mark.parametrize(
     "hparams, named",
     [
@@ -119,7 +175,7 @@ def test_resume_refuses_a_checkpoint_whose_hyperparameters_name_a_callable(tmp_p
 def test_own_configs_and_checkpoint_hyperparameters_pass():
     check_classifier_hparams(HPARAMS, "x.ckpt")
     check_model_arguments(None, {"img_size": 64, "drop_path_rate": 0.1}, "config.json")
-    check_targets({"data": {"_target_": "linvit.train.datamodules.ImageFolderDataModule"}}, "config.yaml")
+    check_targets({"_target_": "linvit.train.datamodules.ImageFolderDataModule"}, "config.yaml", prefix="data")
 
 
 def test_an_interpolated_target_is_not_trusted():
