@@ -45,7 +45,7 @@ def _run_dir(checkpoint: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     import lightning.pytorch as pl
 
-    from linvit.io import UntrustedCheckpointError
+    from linvit.io import CheckpointError
     from linvit.train.export import find_checkpoint, load_checkpoint
     from linvit.train.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
     from linvit.utils.saved_config import TRUSTED_DATAMODULES, UntrustedConfigError
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             trusted=args.trusted,
             datamodule=datamodule,
         )
-    except (UntrustedConfigError, UntrustedCheckpointError) as error:
+    except (UntrustedConfigError, CheckpointError) as error:
         sys.stderr.write(f"linvit eval: {error}\n")
         return 2
     trainer = pl.Trainer(

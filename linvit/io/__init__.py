@@ -15,7 +15,7 @@ Imports torch, timm and safetensors only (no other room of linvit).
 from linvit.io.errors import CheckpointError, UntrustedCheckpointError
 from linvit.io.families import family_models, model_family
 from linvit.io.pretrained import build_model_loading_safely, load_pretrained_file, route_pretrained_to_model
-from linvit.io.safe_load import load_checkpoint_file
+from linvit.io.safe_load import check_checkpoint_intact, load_checkpoint_file
 from linvit.io.state_dict import (
     describe_mismatch,
     extract_model_state_dict,
@@ -27,6 +27,7 @@ __all__ = [
     "CheckpointError",
     "UntrustedCheckpointError",
     "build_model_loading_safely",
+    "check_checkpoint_intact",
     "describe_mismatch",
     "extract_model_state_dict",
     "family_models",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 from linvit.io.errors import CheckpointError, UntrustedCheckpointError, short_message
 from linvit.io.pickle_scan import describe_contents, refusal_reason, unsupported_protocol_error
 
-__all__ = ["load_checkpoint_file"]
+__all__ = ["check_checkpoint_intact", "load_checkpoint_file"]
 
 # Configuration classes that training scripts pickle next to the weights. They are rebuilt as inert OrderedDicts.
 _CONFIG_CLASS_PATHS = (
@@ -102,15 +103,56 @@ def _load_safetensors(path: Path, map_location: str | torch.device | None) -> di
         ) from error
 
 
+def _check_exists_and_not_empty(path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint file not found: '{path}'. Check the path (a file, not a directory).")
+    if path.stat().st_size == 0:
+        raise CheckpointError(
+            f"Checkpoint '{path}' is empty (0 bytes): its save or download did not finish. Save or download it again."
+        )
+
+
+def check_checkpoint_intact(path: str | os.PathLike) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` if it is missing, empty, a damaged zip archive (a save or
+    download cut short) or neither a zip archive nor a pickle (text, an HTML page): checks that read the file's
+    first bytes and a zip's directory, and unpickle nothing (for files loaded with ``trusted=True``)."""
+    path = Path(path)
+    _check_exists_and_not_empty(path)
+    if path.name.endswith(".safetensors"):
+        return
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4)
+        if head == b"PK\x03\x04":
+            with zipfile.ZipFile(path):  # reads the central directory at the end: a cut file has none
+                return
+        elif head[:1] == b"\x80":
+            return
+        reason = "not a zip archive or a pickle"
+    except (OSError, zipfile.BadZipFile) as error:
+        reason = short_message(error)
+    raise CheckpointError(
+        f"Could not read checkpoint '{path}' (truncated or corrupt?): it is {describe_contents(path)}. "
+        f"Save or download it again. Loader message: {reason}"
+    )
+
+
 def load_checkpoint_file(
-    path: str | os.PathLike, *, trusted: bool = False, map_location: str | torch.device | None = "cpu"
+    path: str | os.PathLike,
+    *,
+    trusted: bool = False,
+    map_location: str | torch.device | None = "cpu",
+    opt_in: str | None = None,
+    mmap: bool = False,
 ) -> dict[str, Any]:
     """Read a checkpoint file into a dict without executing code from it (unless ``trusted=True``).
 
     ``.safetensors`` files are read with safetensors; anything else (``.pth``, ``.pt``, ``.bin``, ``.pth.tar``) with
     ``torch.load(weights_only=True)``, where pickled yacs/argparse/EasyDict configs come back as inert
     ``OrderedDict`` objects. The result is the file's top-level dict (a training checkpoint or a plain state dict);
-    pass it to :func:`linvit.io.extract_model_state_dict` for the weights.
+    pass it to :func:`linvit.io.extract_model_state_dict` for the weights. ``opt_in``: the option that gives
+    ``trusted=True`` where the caller is a command or a config (e.g. ``--trusted``), named in the refusal.
+    ``mmap``: memory-map a zip checkpoint instead of reading it into memory (to look at it without its cost).
 
     Raises:
         CheckpointError (a ValueError): the file is missing, truncated or corrupt, or does not hold a dict.
@@ -118,23 +160,19 @@ def load_checkpoint_file(
             ``trusted=True``, which runs arbitrary code from the file, so pass it only for files you trust.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint file not found: '{path}'. Check the path (a file, not a directory).")
-    if path.stat().st_size == 0:
-        raise CheckpointError(
-            f"Checkpoint '{path}' is empty (0 bytes): its save or download did not finish. Save or download it again."
-        )
+    _check_exists_and_not_empty(path)
     if path.name.endswith(".safetensors"):
         return _load_safetensors(path, map_location)
 
+    mmap = mmap and zipfile.is_zipfile(path)  # a legacy (non-zip) file cannot be memory-mapped
     try:
         if trusted:
-            checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+            checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
         else:
             with torch.serialization.safe_globals(_safe_globals()), warnings.catch_warnings():
                 # protocol 4-5 files: torch warns, then fails; the refusal below says it better
                 warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-                checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+                checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         unsupported = None if trusted else unsupported_protocol_error(path, error)
         if unsupported is not None:
@@ -143,12 +181,16 @@ def load_checkpoint_file(
         if reason is not None:
             names = _unsafe_globals_in(path)
             named = f" It refers to: {', '.join(names)}." if names else ""
+            how = (
+                f"pass {opt_in} (runs arbitrary code from the file)"
+                if opt_in
+                else "load it with trusted=True (e.g. timm.create_model(..., trusted=True); runs arbitrary code from "
+                "the file), or convert it once with `linvit convert SRC DST.safetensors --trusted`"
+            )
             raise UntrustedCheckpointError(
                 f"Refusing to load '{path}': it holds pickled Python objects that can only be rebuilt by running "
                 f"code from the file.{named} Nothing from it was executed. If you trust this file and its source, "
-                "load it with trusted=True (e.g. timm.create_model(..., trusted=True); runs arbitrary code from the "
-                "file), or convert it once with `linvit convert SRC DST.safetensors --trusted`. "
-                f"Loader message: {reason}"
+                f"{how}. Loader message: {reason}"
             ) from error
         raise _read_error(path, error) from error
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, ImportError) as error:

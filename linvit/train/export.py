@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from linvit.io import UntrustedCheckpointError
+from linvit.io import UntrustedCheckpointError, load_checkpoint_file
 from linvit.utils.saved_config import check_classifier_hparams
 
 WEIGHTS_NAME = "model.safetensors"
@@ -64,19 +63,18 @@ def untrusted_checkpoint_error(path: str | os.PathLike, error: BaseException, op
     )
 
 
-def load_checkpoint(path: str | os.PathLike, trusted: bool = False, opt_in: str = "trusted=True") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, trusted: bool = False, opt_in: str = "trusted=True", *, mmap: bool = False
+) -> dict[str, Any]:
     """A training checkpoint as a dict, read with ``torch.load(weights_only=True)`` unless ``trusted``.
 
     Our own checkpoints hold only tensors and plain containers (hyper-parameters, loop and callback state), so
     they load safely; a file that names other Python objects raises :class:`UntrustedCheckpointError` naming
-    ``opt_in``.
+    ``opt_in``. A missing, empty, truncated or corrupt file (an HTML page saved as ``.ckpt``) raises
+    :class:`~linvit.io.CheckpointError` naming it and what it holds, as for weight files
+    (:func:`linvit.io.load_checkpoint_file`). ``mmap``: memory-map it (to read its hyper-parameters cheaply).
     """
-    if trusted:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise untrusted_checkpoint_error(path, error, opt_in) from error
+    return load_checkpoint_file(path, trusted=trusted, map_location="cpu", opt_in=opt_in, mmap=mmap)
 
 
 def model_state_dict(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:

@@ -149,9 +149,14 @@ def _sync_batchnorm_only_on_gpus(trainer_cfg: DictConfig) -> None:
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint to resume from: ``ckpt_path`` if given, else (``resume: true``) the run's ``last.ckpt``.
 
-    Unless ``trust_checkpoint``, its saved hyper-parameters are checked like any saved config (see
-    :mod:`linvit.utils.saved_config`): a file that asks to build other classes is refused before training.
+    The file is read before anything is built: an empty, truncated or corrupt one raises
+    :class:`~linvit.io.CheckpointError` naming it (for the run's own ``last.ckpt``, with the run's other checkpoint
+    to resume from instead). Unless ``trust_checkpoint``, its saved hyper-parameters are checked like any saved
+    config (see :mod:`linvit.utils.saved_config`): a file that asks to build other classes is refused before
+    training.
     """
+    from linvit.io import CheckpointError
+
     path: Path | None = None
     if cfg.get("ckpt_path"):
         path = Path(str(cfg.ckpt_path)).expanduser()
@@ -160,24 +165,52 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     elif cfg.get("resume", True):
         last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
         path = last if last.is_file() else None
-    if path is not None and not cfg.get("trust_checkpoint", False):
-        _check_saved_hparams(path)
-    return None if path is None else str(path)
+    if path is None:
+        return None
+    try:
+        _check_checkpoint(path, trusted=bool(cfg.get("trust_checkpoint", False)))
+    except CheckpointError as error:
+        if cfg.get("ckpt_path"):
+            raise
+        raise CheckpointError(f"{str(error).rstrip('.')}. {_fall_back_advice(path)}") from None
+    return str(path)
 
 
-def _check_saved_hparams(path: Path) -> None:
-    """Refuse a checkpoint whose hyper-parameters name callables outside linvit's allow-list (read memory-mapped)."""
-    import torch
-
+def _check_checkpoint(path: Path, trusted: bool) -> None:
+    """Read the checkpoint (memory-mapped) and refuse one whose hyper-parameters name callables outside linvit's
+    allow-list; a trusted one is only checked to be intact (loading it would run its code twice)."""
+    from linvit.io import check_checkpoint_intact
+    from linvit.train.export import load_checkpoint
     from linvit.utils.saved_config import check_targets
 
-    with _refuse_untrusted(str(path)):
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if trusted:
+        check_checkpoint_intact(path)
+        return
+    checkpoint = load_checkpoint(path, opt_in="trust_checkpoint=true", mmap=True)
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         check_targets(checkpoint.get(key) or {}, path, opt_in="trust_checkpoint=true", prefix=key, allowed=frozenset())
+
+
+def _fall_back_advice(last: Path) -> str:
+    """What to do about a damaged ``last.ckpt``: resume from the newest other intact checkpoint of the run, or
+    start over."""
+    from linvit.io import CheckpointError, check_checkpoint_intact
+
+    others = sorted(
+        (other for other in last.parent.glob("*.ckpt") if other != last and other.is_file()),
+        key=lambda other: other.stat().st_mtime,
+        reverse=True,
+    )
+    for other in others:
+        try:
+            check_checkpoint_intact(other)
+        except CheckpointError:
+            continue
+        return (
+            f"To resume from the run's newest other checkpoint, run again with ckpt_path={other}; to start the "
+            f"run over, move {last.name} out of {last.parent}."
+        )
+    return f"The run has no other checkpoint: to start it over, move {last.name} out of {last.parent}."
 
 
 def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, float]:
