@@ -34,18 +34,19 @@ def config_dir() -> Path:
 def run_task(cfg: Any) -> float | None:
     """Hydra's task: train, test, export; the summary from the first process; the metric a sweeper optimises.
 
-    A data set that is not there and a checkpoint that cannot be read (``ckpt_path=``, the run's ``last.ckpt``) end
-    the run with their one-line message (exit status 1) instead of a traceback; ``HYDRA_FULL_ERROR=1`` shows the
-    traceback.
+    A data set that is not there, a config value of the wrong type and a checkpoint that cannot be read
+    (``ckpt_path=``, the run's ``last.ckpt``) end the run with their one-line message (exit status 1) instead of a
+    traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback.
     """
     from linvit.io import CheckpointError
+    from linvit.train.config_types import ConfigTypeError
     from linvit.train.datasets import DataUnavailableError
     from linvit.train.run import summarize, train
     from linvit.train.run_dir import is_first_process
 
     try:
         metrics = train(cfg)
-    except (DataUnavailableError, CheckpointError) as error:
+    except (DataUnavailableError, CheckpointError, ConfigTypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _log.error("%s", error)

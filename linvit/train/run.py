@@ -218,12 +218,15 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
 
     ``callbacks``: Lightning callbacks added to those of ``cfg.callbacks`` (for programmatic use and tests).
     The run directory (``paths.output_dir``) is locked meanwhile: a second process that runs in it is refused with
-    :class:`linvit.train.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.run_dir`).
+    :class:`linvit.train.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.run_dir`). Values of the wrong
+    type are refused first, before anything is built (:func:`linvit.train.config_types.check_config_types`).
     """
+    from linvit.train.config_types import check_config_types
     from linvit.train.run_dir import is_first_process, run_directory_lock
     from linvit.train.run_identity import register_resolvers
 
     register_resolvers()  # task_name in the saved config.yaml
+    check_config_types(cfg)
     output_dir = Path(str(cfg.paths.output_dir))
     with run_directory_lock(output_dir) if is_first_process() else contextlib.nullcontext():
         return _fit_test_export(cfg, callbacks)

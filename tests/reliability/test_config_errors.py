@@ -54,3 +54,63 @@ def test_a_model_num_classes_that_disagrees_with_the_data_fails_before_training(
     with pytest.raises(ValueError, match=r"model\.num_classes=5 but the data has num_classes=10"):
         train(cfg)
     assert not (tmp_path / "checkpoints").exists()
+
+
+# -- values of the wrong type: one typed check of the whole composed config, before anything starts ---------------
+WRONG_TYPES = [
+    ("trainer.max_epochs=ten", "trainer.max_epochs='ten' (str) must be an integer"),
+    ("model.optimizer.lr=abc", "model.optimizer.lr='abc' (str) must be a number"),
+    ("model.optimizer.lr=null", "model.optimizer.lr=null must be a number"),
+    ("model.optimizer.weight_decay=abc", "model.optimizer.weight_decay='abc' (str) must be a number"),
+    ("model.ema.decay=abc", "model.ema.decay='abc' (str) must be a number"),
+    ("seed=abc", "seed='abc' (str) must be an integer or null"),
+    ("model.label_smoothing=abc", "model.label_smoothing='abc' (str) must be a number"),
+    ("model.scheduler.warmup_epochs=abc", "model.scheduler.warmup_epochs='abc' (str) must be a number"),
+    ("model.model_kwargs.drop_path_rate=abc", "model.model_kwargs.drop_path_rate='abc' (str) must be a number"),
+    ("model.ema.enabled=1", "model.ema.enabled=1 (int) must be true or false"),
+]
+
+
+@pytest.mark.parametrize("override, message", WRONG_TYPES, ids=[override for override, _ in WRONG_TYPES])
+def test_a_value_of_the_wrong_type_is_named_before_anything_starts(tmp_path, override, message):
+    from train_helpers import FAST, SHORT, compose
+
+    from linvit.train.run import train
+
+    run_dir = tmp_path / "run"
+    cfg = compose([*FAST, *SHORT, "test=false", "export.enabled=false", override], run_dir)
+    with pytest.raises(ValueError) as error:
+        train(cfg)
+    assert str(error.value).count("\n") == 0 and message in str(error.value), str(error.value)
+    assert not run_dir.exists(), "something started before the check"
+
+
+def test_train_py_prints_every_wrong_value_in_one_line_and_exits_with_1(tmp_path, capsys):
+    from train_helpers import compose
+
+    from linvit.train.hydra_app import run_task
+
+    cfg = compose(["trainer.max_epochs=ten", "model.optimizer.lr=abc"], tmp_path / "run")
+    with pytest.raises(SystemExit) as stopped:
+        run_task(cfg)
+    assert stopped.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "trainer.max_epochs='ten'" in lines[0] and "model.optimizer.lr='abc'" in lines[0]
+
+
+def _config_names(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[f"model={name}"] for name in _config_names("model")]
+    + [[f"data={name}"] for name in _config_names("data")]
+    + [[f"experiment={name}"] for name in _config_names("experiment")]
+    + [[f"trainer={name}"] for name in _config_names("trainer")],
+    ids=lambda overrides: overrides[0],
+)
+def test_every_shipped_config_has_values_of_the_types_the_check_wants(tmp_path, overrides):
+    from linvit.train.config_types import check_config_types
+
+    check_config_types(_compose(tmp_path, *overrides))
