@@ -262,11 +262,11 @@ def test_custom_ops_pass_torch_opcheck():
     forward = torch.ops.linvit.linear_attention_qkv_forward.default
     torch.library.opcheck(forward, (qkv, *tensors, *options, False))
     torch.library.opcheck(forward, (qkv.detach(), None, None, None, None, None, *options, False))
-    out, state, normaliser = forward(qkv.detach(), *[t.detach() for t in tensors], *options, False)
+    out, *partials = forward(qkv.detach(), *[t.detach() for t in tensors], *options, False)
     grad_out = torch.randn_like(out)
     backward = torch.ops.linvit.linear_attention_qkv_backward.default
     saved = [kwargs[k].detach() for k in ("inverse_temperature", "key_position", "dwc_weight", "key_mask")]
-    torch.library.opcheck(backward, (grad_out, qkv.detach(), state, normaliser, *saved, *options))
+    torch.library.opcheck(backward, (grad_out, qkv.detach(), *partials, *saved, *options))
 
 
 @needs_triton

@@ -7,7 +7,7 @@ name in this package: this file uses only names imported from torch, never `torc
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import SymInt, Tensor
 
 from linvit.ops._backend import resolve_backend
 from linvit.ops.linear_attention import naive
@@ -65,6 +65,13 @@ def _check(
         raise ValueError(f"key_mask must be (B, N) = {tuple(qkv.shape[:2])} bool, got {tuple(key_mask.shape)}.")
 
 
+def _grid(hw: tuple[int, int]) -> tuple[int, int]:
+    """(H, W) as ints; symbolic sizes (torch.export with dynamic H and W) stay symbolic instead of specialising."""
+    if isinstance(hw[0], SymInt) or isinstance(hw[1], SymInt):
+        return hw[0], hw[1]
+    return int(hw[0]), int(hw[1])
+
+
 def linear_attention_qkv(
     qkv: Tensor,
     *,
@@ -110,7 +117,7 @@ def linear_attention_qkv(
     """
     _check(qkv, hw, num_heads, feature_map, inverse_temperature, key_position, dwc_weight, key_mask, num_prefix_tokens)
     arguments = {
-        "hw": (int(hw[0]), int(hw[1])),
+        "hw": _grid(hw),
         "num_heads": num_heads,
         "feature_map": feature_map,
         "inverse_temperature": inverse_temperature,

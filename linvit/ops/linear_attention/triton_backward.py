@@ -1,11 +1,13 @@
-"""Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`).
+"""Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`). Three launches:
 
-dL/dS and dL/dz come from the queries (``state_grad_kernel``, per head and token chunk, partial sums reduced in a
-fixed order); dq from the queries again (``query_grad_kernel``); dk, dv and the temperature and DWC weight/bias
-gradients from the keys and values (``key_value_grad_kernel``). The focused map couples a token's heads through its
-norms, so the token kernels make two passes over the heads: the first sums the cross-head term of the norms'
-gradient. (One kernel for dq and dk/dv would read dL/dout once instead of twice, but it holds too many tiles at once
-and spills registers.)
+- ``query_grad_kernel`` (grid batch × chunk): sums the forward's partial states, then per tile of queries
+  dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
+  program holds every head of its tokens, so the focused map's cross-head term is a sum within the tile: one pass.
+- ``key_value_grad_kernel`` (grid batch × chunk): sums the partial dL/dS, dL/dz, then per tile of keys dL/dk and
+  dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once for all
+  channels and reused for the conv weight's gradient Σ v · dL/dout(shifted)), and the chunk's partial temperature,
+  DWC weight and bias gradients, accumulated in registers and reduced once per program.
+- ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
 """
 
 from __future__ import annotations
@@ -14,119 +16,24 @@ import triton
 import triton.language as tl
 
 from linvit.ops.linear_attention.triton_tiles import (
+    _broadcast_columns,
+    _channels,
     _feature_grad,
     _features,
-    _focus_stats,
-    _head_state,
-    _load_raw,
-    _map,
-    _neighbour,
-    _power,
-    _shifted_sum,
+    _load_keys,
+    _load_tile,
+    _neighbour_rows,
+    _reduced_state,
+    _store_state,
 )
 
 
 @triton.jit
-def _query_grad(
-    q_base,
-    do_base,
-    rows,
-    row_ok,
-    cols,
-    col_ok,
-    head_cols,
-    inv,
-    s,
-    z,
-    m,
-    sq_a,
-    sq_y,
-    stride_n,
-    do_stride_n,
-    prefix,
-    eps,
-    feature_eps,
-    C: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """For a query head tile: (x, φ, dL/dnum, dL/dden, dL/dφ) of out = φ S / (φ·z + eps)."""
-    ok = row_ok[:, None] & col_ok[None, :]
-    x = _load_raw(q_base, rows, row_ok, head_cols, col_ok, stride_n, q_base, prefix, inv, C, False, False)
-    phi = tl.where(ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
-    g = tl.load(do_base + rows[:, None] * do_stride_n + head_cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    num = tl.dot(phi, s, input_precision=DOT_PRECISION)
-    den = tl.sum(phi * z[None, :], axis=1) + eps
-    dnum = g / den[:, None]
-    dden = -tl.sum(g * num, axis=1) / (den * den)
-    dphi = tl.dot(dnum, tl.trans(s), input_precision=DOT_PRECISION) + dden[:, None] * z[None, :]
-    return x, phi, dnum, dden, dphi
-
-
-@triton.jit
-def state_grad_kernel(
-    qkv_ptr,
-    inv_ptr,
-    s_ptr,
-    z_ptr,
-    do_ptr,
-    ds_ptr,
-    dz_ptr,
-    N,
-    stride_b,
-    stride_n,
-    do_stride_b,
-    do_stride_n,
-    prefix,
-    chunk,
-    eps,
-    feature_eps,
-    C: tl.constexpr,
-    D: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Partial dL/dS = Σ φ(q)ᵀ dL/dnum and dL/dz = Σ dL/dden · φ(q) of head h over the queries of chunk t."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    h = tl.program_id(2)
-    num_chunks = tl.num_programs(1)
-    num_heads = tl.num_programs(2)
-    q_base = qkv_ptr + b.to(tl.int64) * stride_b
-    do_base = do_ptr + b.to(tl.int64) * do_stride_b
-    cols = tl.arange(0, D_PAD)
-    col_ok = cols < D
-    head_cols = h * D + cols
-    inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-    state = (b * num_heads + h).to(tl.int64)
-    square = cols[:, None] * D + cols[None, :]
-    square_ok = col_ok[:, None] & col_ok[None, :]
-    s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
-    acc_s = tl.zeros([D_PAD, D_PAD], tl.float32)
-    acc_z = tl.zeros([D_PAD], tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
-    for row0 in range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < stop
-        m, sq_a, sq_y = _focus_stats(
-            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
-            C, BLOCK_N, BLOCK_C, MAP, POWER, False, False,
-        )  # fmt: skip
-        _, phi, dnum, dden, _ = _query_grad(
-            q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
-            do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-        )  # fmt: skip
-        acc_s += tl.dot(tl.trans(phi), dnum, input_precision=DOT_PRECISION)
-        acc_z += tl.sum(dden[:, None] * phi, axis=0)
-    slot = ((b * num_chunks + t) * num_heads + h).to(tl.int64)
-    tl.store(ds_ptr + slot * (D * D) + square, acc_s, mask=square_ok)
-    tl.store(dz_ptr + slot * D + cols, acc_z, mask=col_ok)
+def _store_row(row_ptr, values, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """Store an (H_PAD, D_PAD) accumulator as C = H·D values."""
+    heads = tl.arange(0, H_PAD)[:, None]
+    dims = tl.arange(0, D_PAD)[None, :]
+    tl.store(row_ptr + heads * D + dims, values, mask=(heads < H) & (dims < D))
 
 
 @triton.jit
@@ -135,9 +42,12 @@ def query_grad_kernel(
     inv_ptr,
     s_ptr,
     z_ptr,
+    count_ptr,
     do_ptr,
     dqkv_ptr,
-    dinv_ptr,
+    ds_ptr,
+    dz_ptr,
+    grads_ptr,
     N,
     stride_b,
     stride_n,
@@ -145,74 +55,58 @@ def query_grad_kernel(
     do_stride_n,
     dqkv_stride_b,
     dqkv_stride_n,
-    prefix,
     chunk,
     eps,
     feature_eps,
-    H,
-    C: tl.constexpr,
+    N_BUCKET,
+    H: tl.constexpr,
     D: tl.constexpr,
-    D_PAD: tl.constexpr,
     H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
     MAP: tl.constexpr,
     POWER: tl.constexpr,
+    HALF_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dq of the queries of chunk t (all heads), and the chunk's share of the temperature gradient."""
+    """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    num_chunks = tl.num_programs(1)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
-    cols = tl.arange(0, D_PAD)
-    col_ok = cols < D
-    head_rows = tl.arange(0, H_PAD)
-    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
+    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    s, z = _reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    z_columns = _broadcast_columns(z, D_PAD)
+    s_t = tl.permute(s, (0, 2, 1))
+    acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc_dinv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
-    for row0 in range(start, stop, BLOCK_N):
+    for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < stop
-        ok = row_ok[:, None] & col_ok[None, :]
-        m, sq_a, sq_y = _focus_stats(
-            q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, MAP, POWER,
-            False, False,
-        )  # fmt: skip
-        cross = tl.zeros([BLOCK_N], tl.float32)
-        if MAP == 0:
-            # first pass over the heads: the cross-head sum Σ_c dL/dφ_c · â_c^p of the norms' gradient
-            for h in range(H):
-                head_cols = h * D + cols
-                inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-                state = (b * H + h).to(tl.int64)
-                s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
-                x, _, _, _, dphi = _query_grad(
-                    q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
-                    do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-                )  # fmt: skip
-                y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
-                cross += tl.sum(dphi * y, axis=1)
-        for h in range(H):
-            head_cols = h * D + cols
-            inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-            state = (b * H + h).to(tl.int64)
-            s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
-            x, _, _, _, dphi = _query_grad(
-                q_base, do_base, rows, row_ok, cols, col_ok, head_cols, inv, s, z, m, sq_a, sq_y, stride_n,
-                do_stride_n, prefix, eps, feature_eps, C, MAP, POWER, DOT_PRECISION,
-            )  # fmt: skip
-            dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
-            tl.store(dq_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
-            if MAP == 0:
-                dinv = tl.sum(tl.where(ok, dinv, 0.0), axis=0)
-                acc_dinv += tl.where(head_rows[:, None] == h, dinv[None, :], 0.0)
-    if MAP == 0:
-        slot = (b * num_chunks + t).to(tl.int64)
-        channels = head_rows[:, None] * D + cols[None, :]
-        tl.store(dinv_ptr + slot * C + channels, acc_dinv, mask=(head_rows[:, None] < H) & col_ok[None, :])
+        ok = (rows < stop)[None, :, None] & channel_ok
+        x = _load_tile(q_base, rows, ok, stride_n, channels)
+        g = _load_tile(do_base, rows, ok, do_stride_n, channels)
+        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
+        num = tl.dot(phi, s, input_precision=DOT_PRECISION)
+        den = tl.dot(phi, z_columns, input_precision=DOT_PRECISION) + eps
+        dnum = g / den
+        dden = -tl.sum(dnum * num, axis=2) / tl.max(den, axis=2)  # every column of den is the same normaliser
+        dphi = tl.dot(dnum, s_t, input_precision=DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
+        _, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
+        tl.store(dq_base + rows[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
+        if HALF_DOT:
+            acc_ds = tl.dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds)
+        else:
+            acc_ds = tl.dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, input_precision=DOT_PRECISION)
+        acc_dz += dden[:, :, None] * phi
+        acc_dinv += tl.where(ok, dinv, 0.0)
+    slot = (b * tl.num_programs(1) + t).to(tl.int64)
+    _store_state(ds_ptr, dz_ptr, slot, acc_ds, tl.sum(acc_dz, axis=1), H, D, H_PAD, D_PAD)
+    _store_row(grads_ptr + slot * (H * D), tl.sum(acc_dinv, axis=1), H, D, H_PAD, D_PAD)
 
 
 @triton.jit
@@ -221,14 +115,13 @@ def key_value_grad_kernel(
     pos_ptr,
     inv_ptr,
     mask_ptr,
-    gs_ptr,
-    gz_ptr,
+    ds_ptr,
+    dz_ptr,
+    count_ptr,
     w_ptr,
     do_ptr,
     dqkv_ptr,
-    dinv_ptr,
-    dw_ptr,
-    db_ptr,
+    grads_ptr,
     N,
     stride_b,
     stride_n,
@@ -240,16 +133,16 @@ def key_value_grad_kernel(
     mask_stride_b,
     prefix,
     chunk,
+    grads_width,
     grid_h,
     grid_w,
     feature_eps,
-    H,
-    C: tl.constexpr,
+    N_BUCKET,
+    H: tl.constexpr,
     D: tl.constexpr,
-    D_PAD: tl.constexpr,
     H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
     K: tl.constexpr,
     KK_PAD: tl.constexpr,
     MAP: tl.constexpr,
@@ -257,108 +150,90 @@ def key_value_grad_kernel(
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr,
+    HALF_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dk, dv of the tokens of chunk t (all heads), and the chunk's partial temperature (keys' share), DWC weight and
-    bias gradients.
+    """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
+    weight and bias gradients.
 
-    gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a key
+    gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
     """
     b = tl.program_id(0)
     t = tl.program_id(1)
-    num_chunks = tl.num_programs(1)
-    k_base = qkv_ptr + b.to(tl.int64) * stride_b + C
-    v_base = k_base + C
+    k_base = qkv_ptr + b.to(tl.int64) * stride_b + H * D
+    v_base = k_base + H * D
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
-    dk_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b + C
-    dv_base = dk_base + C
+    dk_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b + H * D
+    dv_base = dk_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    cols = tl.arange(0, D_PAD)
-    col_ok = cols < D
-    head_rows = tl.arange(0, H_PAD)
-    kk = tl.arange(0, KK_PAD)
-    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
-    acc_w = tl.zeros([D_PAD, KK_PAD], tl.float32)
-    acc_b = tl.zeros([D_PAD], tl.float32)
+    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    dims = tl.arange(0, D_PAD)[None, None, :]
+    taps = tl.arange(0, KK_PAD)[:, None]
+    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    gs, gz = _reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    gs_t = tl.permute(gs, (0, 2, 1))
+    acc_dinv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc_w = tl.zeros([KK_PAD, D_PAD], tl.float32)
+    acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
-    for row0 in range(start, stop, BLOCK_N):
+    for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < stop
         keep = row_ok
         if HAS_MASK:
             keep = keep & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
-        ok = row_ok[:, None] & col_ok[None, :]
-        keep_ok = keep[:, None] & col_ok[None, :]
-        spatial = rows - prefix
-        is_spatial = row_ok & (spatial >= 0)
-        yy = spatial // grid_w
-        xx = spatial % grid_w
-        m, sq_a, sq_y = _focus_stats(
-            k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps, C, BLOCK_N, BLOCK_C, MAP,
-            POWER, HAS_POS, False,
-        )  # fmt: skip
-        cross = tl.zeros([BLOCK_N], tl.float32)
-        if MAP == 0:
-            for h in range(H):  # first pass: the cross-head sum of the norms' gradient
-                head_cols = h * D + cols
-                inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-                state = (b * H + h).to(tl.int64)
-                gs, gz = _head_state(gs_ptr, gz_ptr, state, cols, col_ok, D)
-                x = _load_raw(
-                    k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False
+        ok = row_ok[None, :, None] & channel_ok
+        keep_ok = keep[None, :, None] & channel_ok
+        x = _load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
+        v = _load_tile(v_base, rows, keep_ok, stride_n, channels)
+        dphi = tl.dot(v, gs_t, input_precision=DOT_PRECISION) + gz[:, None, :]
+        phi, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
+        tl.store(dk_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+        acc_dinv += tl.where(keep_ok, dinv, 0.0)
+        phi = tl.where(keep_ok, phi, 0.0)
+        dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
+        if HAS_DWC:
+            # transposed conv: dv[n] += w[tap] · g[n - offset(tap)]; the same shifted g gives the weight's
+            # gradient Σ_n v[n] · g[n - offset(tap)] (v zero at masked and class tokens)
+            v_image = tl.where((rows >= prefix)[None, :, None], v, 0.0)
+            for tap in tl.static_range(K * K):
+                sources, source_ok = _neighbour_rows(
+                    rows, row_ok, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
                 )
-                v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0)
-                dphi = tl.dot(v.to(tl.float32), tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :]
-                dphi = tl.where(keep_ok, dphi, 0.0)
-                y = tl.where(ok, _power(_map(x, inv[None, :], feature_eps, 0, False) / m[:, None], POWER), 0.0)
-                cross += tl.sum(dphi * y, axis=1)
-        for h in range(H):
-            head_cols = h * D + cols
-            inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-            state = (b * H + h).to(tl.int64)
-            gs, gz = _head_state(gs_ptr, gz_ptr, state, cols, col_ok, D)
-            x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, False)
-            phi = tl.where(keep_ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, False), 0.0)
-            v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=keep_ok, other=0.0)
-            dphi = tl.dot(v.to(tl.float32), tl.trans(gs), input_precision=DOT_PRECISION) + gz[None, :]
-            dphi = tl.where(keep_ok, dphi, 0.0)
-            dx, dinv = _feature_grad(x, inv, dphi, m, sq_a, sq_y, cross, feature_eps, MAP, POWER)
-            dx = tl.where(keep_ok, dx, 0.0)
-            tl.store(dk_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dx, mask=ok)
-            if MAP == 0:
-                dinv = tl.sum(tl.where(keep_ok, dinv, 0.0), axis=0)
-                acc_dinv += tl.where(head_rows[:, None] == h, dinv[None, :], 0.0)
-            # values: through S, and through the depthwise conv
-            dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
-            if HAS_DWC:
-                dv += _shifted_sum(
-                    do_base, cols, col_ok, head_cols, yy, xx, is_spatial, do_stride_n, prefix, grid_h, grid_w,
-                    mask_base, w_ptr, BLOCK_N, D_PAD, K, -1, False,
-                )  # fmt: skip
-                g = tl.load(
-                    do_base + rows[:, None] * do_stride_n + head_cols[None, :],
-                    mask=ok & is_spatial[:, None],
-                    other=0.0,
-                ).to(tl.float32)
-                for ky in range(K):
-                    for kx in range(K):
-                        value = _neighbour(
-                            v_base, head_cols, col_ok, yy, xx, is_spatial, ky - K // 2, kx - K // 2, stride_n,
-                            prefix, grid_h, grid_w, mask_base, HAS_MASK,
-                        )  # fmt: skip
-                        contribution = tl.sum(g * value, axis=0)
-                        acc_w += tl.where(kk[None, :] == ky * K + kx, contribution[:, None], 0.0)
-                acc_b += tl.sum(g, axis=0)
-            dv = tl.where(keep_ok, dv, 0.0)
-            tl.store(dv_base + rows[:, None] * dqkv_stride_n + head_cols[None, :], dv, mask=ok)
-    slot = (b * num_chunks + t).to(tl.int64)
-    if MAP == 0:
-        channels = head_rows[:, None] * D + cols[None, :]
-        tl.store(dinv_ptr + slot * C + channels, acc_dinv, mask=(head_rows[:, None] < H) & col_ok[None, :])
+                g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
+                weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
+                dv += g * weight
+                contribution = tl.sum(tl.sum(v_image * g, axis=1), axis=0)
+                acc_w += tl.where(taps == tap, contribution[None, :], 0.0)
+            own = tl.where((rows >= prefix)[None, :, None], _load_tile(do_base, rows, ok, do_stride_n, channels), 0.0)
+            acc_b += own
+        tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
+    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
+    _store_row(row, tl.sum(acc_dinv, axis=1), H, D, H_PAD, D_PAD)
     if HAS_DWC:
-        weight_ok = col_ok[:, None] & (kk[None, :] < K * K)
-        tl.store(dw_ptr + slot * (D * K * K) + cols[:, None] * (K * K) + kk[None, :], acc_w, mask=weight_ok)
-        tl.store(db_ptr + slot * D + cols, acc_b, mask=col_ok)
+        # the weight (D, 1, K, K) and bias (D,) gradients, after the temperature's C values
+        dims_2d = tl.arange(0, D_PAD)[None, :]
+        tl.store(row + H * D + dims_2d * (K * K) + taps, acc_w, mask=(dims_2d < D) & (taps < K * K))
+        tl.store(row + H * D + D * K * K + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0),
+                 mask=tl.arange(0, D_PAD) < D)  # fmt: skip
+
+
+@triton.jit
+def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, BLOCK: tl.constexpr):
+    """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), the rows added in order; keys: (rows, width),
+    queries: (rows, query_width), fp32, contiguous."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < width
+    query_ok = cols < query_width
+    acc = tl.zeros([BLOCK], tl.float32)
+    keys_row = keys_ptr + cols
+    queries_row = queries_ptr + cols
+    for _ in tl.range(0, rows):
+        acc += tl.load(keys_row, mask=col_ok, other=0.0)
+        acc += tl.load(queries_row, mask=query_ok, other=0.0)
+        keys_row += width
+        queries_row += query_width
+    tl.store(out_ptr + cols, acc, mask=col_ok)

@@ -1,24 +1,17 @@
-"""Triton kernels of non-causal linear attention on a qkv projection, IO-aware: the forward ones here, the backward
-ones in `triton_backward.py`, the tile helpers they share in `triton_tiles.py`.
+"""Forward Triton kernels of non-causal linear attention on a qkv projection (the backward ones are in
+`triton_backward.py`, the tile helpers in `triton_tiles.py`).
 
-Only bytes moved count here (head_dim 32 gives ~13 FLOP per byte), so every kernel reads q|k|v straight from the
-(B, N, 3C) projection output through its strides, recomputes the feature maps instead of storing them, and keeps
-only the fp32 state S = Σ φ(k) vᵀ (d×d) and z = Σ φ(k) (d) per head between the passes. Five kernels:
+Only bytes moved should count (head_dim 32 gives ~13 FLOP per byte), so the kernels read q|k|v straight from the
+(B, N, 3C) projection output through its strides, recompute the feature maps instead of storing them, and keep only
+fp32 partial states between the passes. The grid of every kernel is (batch, token chunk): a chunk is a run of tiles
+that one program walks, and the number of chunks is chosen so that the programs fill the GPU once (see
+`triton_launch.py`). Two launches:
 
-- ``state_kernel`` (forward, grid batch × token chunks × heads): partial S, z of one head over a chunk of tokens;
-  many chunks keep all SMs busy, and the caller sums the partials in a fixed order (deterministic);
-- ``output_kernel`` (forward, grid batch × token tiles): φ(q)·S / (φ(q)·z + eps) for every head of a tile, plus
-  the depthwise conv of v from shifted loads (the halo comes from cache), written as (B, N, C);
-- ``state_grad_kernel`` (backward, grid batch × token chunks × heads): partial dS, dz from the queries;
-- ``query_grad_kernel`` and ``key_value_grad_kernel`` (backward, grid batch × token chunks): dq; dk, dv; and
-  per-chunk partials of the temperature and DWC weight/bias gradients. (One kernel for both would read dL/dout once
-  instead of twice, but holds too many tiles at once: it spills registers.)
-
-The focused map couples the heads (its norms run over all C channels of a token before the head split), so a
-program first runs over all C channels of its tokens (``_focus_stats``); the feature maps, evaluated scale-free,
-are described in `triton_tiles.py`.
-
-Rows are tokens; the first ``prefix`` tokens (class tokens) have no position: no positional term, no DWC.
+- ``state_kernel``: the partial S = Σ φ(k) vᵀ (H × D × D, one batched tensor-core product per tile with fp32
+  accumulation), z = Σ φ(k) and the number of kept keys of one chunk;
+- ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
+  number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (numerator and normaliser both from tensor-core
+  products) plus the depthwise conv of v, each tap gathered once for all C channels, written as (B, N, C).
 """
 
 from __future__ import annotations
@@ -26,7 +19,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linvit.ops.linear_attention.triton_tiles import _features, _focus_stats, _head_state, _load_raw, _shifted_sum
+from linvit.ops.linear_attention.triton_tiles import (
+    _broadcast_columns,
+    _channels,
+    _features,
+    _load_keys,
+    _load_tile,
+    _neighbour_rows,
+    _reduced_state,
+    _store_state,
+)
 
 
 @triton.jit
@@ -37,6 +39,7 @@ def state_kernel(
     mask_ptr,
     s_ptr,
     z_ptr,
+    count_ptr,
     N,
     stride_b,
     stride_n,
@@ -45,55 +48,52 @@ def state_kernel(
     prefix,
     chunk,
     feature_eps,
-    C: tl.constexpr,
+    N_BUCKET,
+    H: tl.constexpr,
     D: tl.constexpr,
+    H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
     MAP: tl.constexpr,
     POWER: tl.constexpr,
     PRESCALED: tl.constexpr,
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HALF_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Partial S = Σ φ(k) vᵀ (D×D) and z = Σ φ(k) of head h over the keys of chunk t of batch element b."""
+    """Partial S, z and kept-key count of the keys of chunk t of batch element b (every head)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    h = tl.program_id(2)
-    num_chunks = tl.num_programs(1)
-    num_heads = tl.num_programs(2)
-    k_base = qkv_ptr + b.to(tl.int64) * stride_b + C
-    v_base = k_base + C
+    k_base = qkv_ptr + b.to(tl.int64) * stride_b + H * D
+    v_base = k_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    cols = tl.arange(0, D_PAD)
-    col_ok = cols < D
-    head_cols = h * D + cols
-    inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-    acc_s = tl.zeros([D_PAD, D_PAD], tl.float32)
-    acc_z = tl.zeros([D_PAD], tl.float32)
+    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    acc_z = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    kept = tl.zeros([BLOCK_N], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
-    for row0 in range(start, stop, BLOCK_N):
+    for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < stop
+        keep = rows < stop
         if HAS_MASK:
-            row_ok = row_ok & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
-        x = _load_raw(k_base, rows, row_ok, head_cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, PRESCALED)
-        m, sq_a, sq_y = _focus_stats(
-            k_base, rows, row_ok, stride_n, pos_base, prefix, inv_ptr, feature_eps,
-            C, BLOCK_N, BLOCK_C, MAP, POWER, HAS_POS, PRESCALED,
-        )  # fmt: skip
-        ok = row_ok[:, None] & col_ok[None, :]
-        phi = tl.where(ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, PRESCALED), 0.0)
-        v = tl.load(v_base + rows[:, None] * stride_n + head_cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        acc_s += tl.dot(tl.trans(phi), v, input_precision=DOT_PRECISION)
-        acc_z += tl.sum(phi, axis=0)
-    slot = (b * num_chunks + t) * num_heads + h
-    square = cols[:, None] * D + cols[None, :]
-    tl.store(s_ptr + slot.to(tl.int64) * (D * D) + square, acc_s, mask=col_ok[:, None] & col_ok[None, :])
-    tl.store(z_ptr + slot.to(tl.int64) * D + cols, acc_z, mask=col_ok)
+            keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
+        ok = keep[None, :, None] & channel_ok
+        x = _load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, PRESCALED)
+        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
+        v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0)
+        if HALF_DOT:  # bf16 operands, fp32 accumulation
+            acc_s = tl.dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s)
+        else:
+            acc_s = tl.dot(tl.permute(phi, (0, 2, 1)), v.to(tl.float32), acc_s, input_precision=DOT_PRECISION)
+        acc_z += phi
+        kept += keep.to(tl.float32)
+    slot = (b * tl.num_programs(1) + t).to(tl.int64)
+    _store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), H, D, H_PAD, D_PAD)
+    tl.store(count_ptr + slot, tl.sum(kept, axis=0))
 
 
 @triton.jit
@@ -103,6 +103,7 @@ def output_kernel(
     mask_ptr,
     s_ptr,
     z_ptr,
+    count_ptr,
     w_ptr,
     bias_ptr,
     out_ptr,
@@ -113,16 +114,17 @@ def output_kernel(
     out_stride_n,
     mask_stride_b,
     prefix,
+    chunk,
     grid_h,
     grid_w,
     eps,
     feature_eps,
-    H,
-    C: tl.constexpr,
+    N_BUCKET,
+    H: tl.constexpr,
     D: tl.constexpr,
+    H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
     K: tl.constexpr,
     MAP: tl.constexpr,
     POWER: tl.constexpr,
@@ -132,41 +134,42 @@ def output_kernel(
     HAS_BIAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for all heads of one token tile."""
+    """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
     b = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    t = tl.program_id(1)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
-    v_base = q_base + 2 * C
+    v_base = q_base + 2 * H * D
     out_base = out_ptr + b.to(tl.int64) * out_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    cols = tl.arange(0, D_PAD)
-    col_ok = cols < D
-    ok = row_ok[:, None] & col_ok[None, :]
-    m, sq_a, sq_y = _focus_stats(
-        q_base, rows, row_ok, stride_n, q_base, prefix, inv_ptr, feature_eps,
-        C, BLOCK_N, BLOCK_C, MAP, POWER, False, PRESCALED,
-    )  # fmt: skip
-    spatial = rows - prefix
-    is_spatial = row_ok & (spatial >= 0)
-    yy = spatial // grid_w
-    xx = spatial % grid_w
-    for h in range(H):
-        head_cols = h * D + cols
-        inv = tl.load(inv_ptr + head_cols, mask=col_ok, other=1.0).to(tl.float32)
-        x = _load_raw(q_base, rows, row_ok, head_cols, col_ok, stride_n, q_base, prefix, inv, C, False, PRESCALED)
-        phi = tl.where(ok, _features(x, inv, m, sq_a, sq_y, feature_eps, MAP, POWER, PRESCALED), 0.0)
-        state = (b * H + h).to(tl.int64)
-        s, z = _head_state(s_ptr, z_ptr, state, cols, col_ok, D)
+    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    dims = tl.arange(0, D_PAD)[None, None, :]
+    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    s, z = _reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    z_columns = _broadcast_columns(z, D_PAD)
+    bias = tl.zeros([1, 1, D_PAD], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
+    start = t * chunk
+    stop = tl.minimum(start + chunk, N)
+    for row0 in tl.range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        row_ok = rows < stop
+        ok = row_ok[None, :, None] & channel_ok
+        x = _load_tile(q_base, rows, ok, stride_n, channels)
+        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
-        den = tl.sum(phi * z[None, :], axis=1) + eps
-        out = num / den[:, None]
+        den = tl.dot(phi, z_columns, input_precision=DOT_PRECISION) + eps
+        out = num / den
         if HAS_DWC:
-            out += _shifted_sum(
-                v_base, cols, col_ok, head_cols, yy, xx, is_spatial, stride_n, prefix, grid_h, grid_w,
-                mask_base, w_ptr, BLOCK_N, D_PAD, K, 1, HAS_MASK,
-            )  # fmt: skip
+            for tap in tl.static_range(K * K):
+                neighbours, neighbour_ok = _neighbour_rows(
+                    rows, row_ok, prefix, grid_h, grid_w, tap // K - K // 2, tap % K - K // 2
+                )
+                if HAS_MASK:
+                    neighbour_ok = neighbour_ok & (tl.load(mask_base + neighbours, mask=neighbour_ok, other=0) != 0)
+                value = _load_tile(v_base, neighbours, neighbour_ok[None, :, None] & channel_ok, stride_n, channels)
+                weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
+                out += value * weight
             if HAS_BIAS:
-                bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                out += tl.where(is_spatial[:, None], bias[None, :], 0.0)
-        tl.store(out_base + rows[:, None] * out_stride_n + head_cols[None, :], out, mask=ok)
+                out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
+        tl.store(out_base + rows[None, :, None] * out_stride_n + channels, out, mask=ok)

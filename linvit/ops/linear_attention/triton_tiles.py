@@ -1,7 +1,12 @@
-"""Tile helpers of the linear-attention kernels: loads, the feature maps and their gradients, the depthwise conv.
+"""Tile helpers of the linear-attention kernels: addressing, the feature maps and their gradients, the state
+reduction and the depthwise-conv taps. Shared by `triton_forward.py` and `triton_backward.py`.
 
-Shared by `triton_forward.py` and `triton_backward.py` (see `triton_forward.py` for the kernels' design). Feature
-maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
+A tile is (H_PAD, BLOCK_N, D_PAD): every head of BLOCK_N tokens, all C = H·D channels of each token, read from the
+(B, N, ·) token layout through strides (channel h·D + d of a token sits at column h·D + d). Holding all heads of a
+token in one program is what the focused map needs (its norms run over all C channels) and what lets each DWC tap
+be gathered once for all channels; the per-head products S = φ(k)ᵀv and φ(q)·S are one batched (3-D) ``tl.dot``.
+
+Feature maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
 (max(x, feature_eps·inv) when ``PRESCALED``: x already holds (x + feature_eps)·inv) and φ = ‖a‖ / ‖a^p‖ · a^p with
 the norms over all C channels of a token, evaluated scale-free: with m = max_c a and â = a / m,
 φ = m · ‖â‖ / ‖â^p‖ · â^p, which equals the definition but neither overflows for large a nor underflows to denormals
@@ -20,8 +25,38 @@ ELU = 2
 
 
 @triton.jit
+def _channels(H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """(channel index, channel in range) of a tile, both (H_PAD, 1, D_PAD)."""
+    heads = tl.arange(0, H_PAD)[:, None, None]
+    dims = tl.arange(0, D_PAD)[None, None, :]
+    return heads * D + dims, (heads < H) & (dims < D)
+
+
+@triton.jit
+def _load_tile(base, rows, ok, stride_n, channels):
+    """x[rows, channels] of a (H_PAD, BLOCK_N, D_PAD) tile in fp32, zero where not ``ok``."""
+    return tl.load(base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_keys(base, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr, HAS_POS: tl.constexpr,
+               PRESCALED: tl.constexpr):  # fmt: skip
+    """Raw keys of a tile plus the positional term on spatial tokens (scaled by inv when the temperature was folded
+    into the projection)."""
+    x = _load_tile(base, rows, ok, stride_n, channels)
+    if HAS_POS:
+        spatial = rows - prefix
+        pos_ok = ok & (spatial >= 0)[None, :, None]
+        position = tl.load(pos_base + spatial[None, :, None] * C + channels, mask=pos_ok, other=0.0).to(tl.float32)
+        if PRESCALED:
+            position = position * inv
+        x = x + position
+    return x
+
+
+@triton.jit
 def _power(a, POWER: tl.constexpr):
-    """a^p for a > 0; exact products for p = 1, 2, 3."""
+    """a^p for a >= 0; exact products for p = 1, 2, 3."""
     if POWER == 1.0:
         out = a
     elif POWER == 2.0:
@@ -48,216 +83,120 @@ def _power_grad(a, POWER: tl.constexpr):
 
 
 @triton.jit
-def _map(x, inv, feature_eps, MAP: tl.constexpr, PRESCALED: tl.constexpr):
-    """The elementwise part of the feature map: a (focused, before the power), relu(x) or elu(x) + 1."""
+def _row_sum(x):
+    """Σ over the heads and channels of each token of a tile: (BLOCK_N,)."""
+    return tl.sum(tl.sum(x, axis=2), axis=0)
+
+
+@triton.jit
+def _focus(x, inv, channel_ok, feature_eps, POWER: tl.constexpr, PRESCALED: tl.constexpr):
+    """The focused map's pieces of a tile: (â^p, â, scale = m·‖â‖/‖â^p‖, ‖â‖², ‖â^p‖²); φ = â^p · scale."""
+    if PRESCALED:
+        a = tl.maximum(x, feature_eps * inv)
+    else:
+        a = (tl.maximum(x, 0.0) + feature_eps) * inv
+    a = tl.where(channel_ok, a, 0.0)  # > 0 in range (feature_eps · inv)
+    m = tl.max(tl.max(a, axis=2), axis=0)
+    a_hat = a * (1.0 / m)[None, :, None]
+    y = _power(a_hat, POWER)
+    sq_a = _row_sum(a_hat * a_hat)
+    sq_y = _row_sum(y * y)
+    return y, a_hat, m * tl.sqrt(sq_a / sq_y), sq_a, sq_y
+
+
+@triton.jit
+def _features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr):
+    """φ(x) of a tile."""
     if MAP == 0:
-        if PRESCALED:
-            out = tl.maximum(x, feature_eps * inv)
-        else:
-            out = (tl.maximum(x, 0.0) + feature_eps) * inv
+        y, _, scale, _, _ = _focus(x, inv, channel_ok, feature_eps, POWER, PRESCALED)
+        phi = y * scale[None, :, None]
     elif MAP == 1:
-        out = tl.maximum(x, 0.0)
+        phi = tl.maximum(x, 0.0)
     else:
-        out = tl.where(x > 0.0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-    return out
-
-
-@triton.jit
-def _load_raw(
-    base,
-    rows,
-    row_ok,
-    cols,
-    col_ok,
-    stride_n,
-    pos_base,
-    prefix,
-    inv,
-    C: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    PRESCALED: tl.constexpr,
-):
-    """x of a (rows × cols) tile in fp32 (zero outside it), plus the positional term on spatial tokens (rows of C
-    values; scaled by inv when the temperature was folded into the projection)."""
-    ok = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(base + rows[:, None] * stride_n + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    if HAS_POS:
-        spatial = rows - prefix
-        pos_ok = ok & (spatial >= 0)[:, None]
-        position = tl.load(pos_base + spatial[:, None] * C + cols[None, :], mask=pos_ok, other=0.0).to(tl.float32)
-        if PRESCALED:
-            position = position * inv[None, :]
-        x = x + position
-    return x
-
-
-@triton.jit
-def _focus_stats(
-    base,
-    rows,
-    row_ok,
-    stride_n,
-    pos_base,
-    prefix,
-    inv_ptr,
-    feature_eps,
-    C: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    PRESCALED: tl.constexpr,
-):
-    """Per token over all C channels: m = max a, ‖â‖² and ‖â^p‖² with â = a / m (online rescaling, one pass).
-
-    Only the focused map has them: for the others this returns zeros without reading anything."""
-    m = tl.zeros([BLOCK_N], tl.float32)
-    sq_a = tl.zeros([BLOCK_N], tl.float32)
-    sq_y = tl.zeros([BLOCK_N], tl.float32)
-    if MAP == 0:
-        for c0 in range(0, C, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            col_ok = cols < C
-            inv = tl.load(inv_ptr + cols, mask=col_ok, other=1.0).to(tl.float32)
-            x = _load_raw(base, rows, row_ok, cols, col_ok, stride_n, pos_base, prefix, inv, C, HAS_POS, PRESCALED)
-            a = _map(x, inv[None, :], feature_eps, 0, PRESCALED)  # > 0 everywhere (feature_eps · inv, inv = 1 off C)
-            m_new = tl.maximum(m, tl.max(tl.where(col_ok[None, :], a, 0.0), axis=1))
-            shrink = m / m_new
-            a_hat = a / m_new[:, None]
-            y = tl.where(col_ok[None, :], _power(a_hat, POWER), 0.0)
-            a_hat = tl.where(col_ok[None, :], a_hat, 0.0)
-            shrink_p = _power(tl.maximum(shrink, 1e-30), POWER)  # 0 on the first block, without log2(0)
-            sq_a = sq_a * shrink * shrink + tl.sum(a_hat * a_hat, axis=1)
-            sq_y = sq_y * shrink_p * shrink_p + tl.sum(y * y, axis=1)
-            m = m_new
-    return m, sq_a, sq_y
-
-
-@triton.jit
-def _head_state(s_ptr, z_ptr, state, cols, col_ok, D: tl.constexpr):
-    """The (D×D, D) fp32 state of one (batch element, head) slot, zero-padded to D_PAD."""
-    square_ok = col_ok[:, None] & col_ok[None, :]
-    s = tl.load(s_ptr + state * (D * D) + cols[:, None] * D + cols[None, :], mask=square_ok, other=0.0)
-    return s, tl.load(z_ptr + state * D + cols, mask=col_ok, other=0.0)
-
-
-@triton.jit
-def _features(
-    x,
-    inv,
-    m,
-    sq_a,
-    sq_y,
-    feature_eps,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    PRESCALED: tl.constexpr,
-):
-    """φ(x) of a head tile; for the focused map from the token statistics of `_focus_stats`."""
-    a = _map(x, inv[None, :], feature_eps, MAP, PRESCALED)
-    if MAP == 0:
-        y = _power(a / m[:, None], POWER)
-        phi = y * (m * tl.sqrt(sq_a / sq_y))[:, None]
-    else:
-        phi = a
+        phi = tl.where(x > 0.0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
     return phi
 
 
 @triton.jit
-def _feature_grad(
-    x,
-    inv,
-    dphi,
-    m,
-    sq_a,
-    sq_y,
-    cross,
-    feature_eps,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-):
-    """dL/dx of a head tile from dL/dφ. Focused: ``cross`` = Σ_c dφ_c â_c^p over all C channels of the token, and
-    dL/da = α̂ (p â^(p-1) (dφ - cross · â^p / ‖â^p‖²) + cross · â / ‖â‖²), α̂ = ‖â‖ / ‖â^p‖ (the scale-free form
-    of the definition's gradient). Returns (dx, dL/da · (relu(x) + eps), the temperature's share; 0 if not
-    focused)."""
+def _feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr):
+    """(φ(x), dL/dx, the temperature's share dL/da · (relu(x) + eps)) of a tile from dL/dφ.
+
+    Focused: with cross = Σ_c dφ_c â_c^p over all C channels of the token and α̂ = ‖â‖ / ‖â^p‖,
+    dL/da = α̂ (p â^(p-1) (dφ - cross · â^p / ‖â^p‖²) + cross · â / ‖â‖²) (the scale-free form of the definition's
+    gradient). The temperature's share is 0 for the other maps."""
     if MAP == 0:
-        shifted = tl.maximum(x, 0.0) + feature_eps
-        a_hat = shifted * inv[None, :] / m[:, None]
-        y = _power(a_hat, POWER)
+        y, a_hat, scale, sq_a, sq_y = _focus(x, inv, channel_ok, feature_eps, POWER, False)
+        phi = y * scale[None, :, None]
+        cross = _row_sum(dphi * y)
         alpha = tl.sqrt(sq_a / sq_y)
-        direct = _power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[:, None] * y)
-        da = alpha[:, None] * (direct + (cross / sq_a)[:, None] * a_hat)
-        dx = tl.where(x > 0.0, da * inv[None, :], 0.0)
-        dinv = da * shifted
+        direct = _power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[None, :, None] * y)
+        da = alpha[None, :, None] * (direct + (cross / sq_a)[None, :, None] * a_hat)
+        da = tl.where(channel_ok, da, 0.0)
+        dx = tl.where(x > 0.0, da * inv, 0.0)
+        dinv = da * (tl.maximum(x, 0.0) + feature_eps)
     elif MAP == 1:
+        phi = tl.maximum(x, 0.0)
         dx = tl.where(x > 0.0, dphi, 0.0)
         dinv = dx * 0.0
     else:
+        phi = tl.where(x > 0.0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
         dx = tl.where(x > 0.0, dphi, dphi * tl.exp(tl.minimum(x, 0.0)))
         dinv = dx * 0.0
-    return dx, dinv
+    return phi, dx, dinv
 
 
 @triton.jit
-def _neighbour(
-    src_base,
-    head_cols,
-    col_ok,
-    yy,
-    xx,
-    is_spatial,
-    dy,
-    dx,
-    stride_n,
-    prefix,
-    grid_h,
-    grid_w,
-    mask_base,
-    HAS_MASK: tl.constexpr,
-):
-    """src at (y + dy, x + dx) of each token of a head tile in fp32; zero off the map (and at masked tokens)."""
+def _reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
+                   H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of batch element b: the partial sums of its chunks added in a
+    fixed order (deterministic), over the number of kept keys (the mean form)."""
+    heads = tl.arange(0, H_PAD)[:, None, None]
+    rows = tl.arange(0, D_PAD)[None, :, None]
+    cols = tl.arange(0, D_PAD)[None, None, :]
+    square_ok = (heads < H) & (rows < D) & (cols < D)
+    square = heads * (D * D) + rows * D + cols
+    vector = tl.arange(0, H_PAD)[:, None] * D + tl.arange(0, D_PAD)[None, :]
+    vector_ok = (tl.arange(0, H_PAD)[:, None] < H) & (tl.arange(0, D_PAD)[None, :] < D)
+    s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    z = tl.zeros([H_PAD, D_PAD], tl.float32)
+    kept = 0.0
+    for chunk in tl.range(0, num_chunks):
+        slot = (b * num_chunks + chunk).to(tl.int64)
+        s += tl.load(s_ptr + slot * (H * D * D) + square, mask=square_ok, other=0.0)
+        z += tl.load(z_ptr + slot * (H * D) + vector, mask=vector_ok, other=0.0)
+        kept += tl.load(count_ptr + slot)
+    scale = 1.0 / tl.maximum(kept, 1.0)
+    return s * scale, z * scale
+
+
+@triton.jit
+def _store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
+                 D_PAD: tl.constexpr):  # fmt: skip
+    """Write one (H, D, D) state and (H, D) vector into the partial slot ``slot``."""
+    heads = tl.arange(0, H_PAD)[:, None, None]
+    rows = tl.arange(0, D_PAD)[None, :, None]
+    cols = tl.arange(0, D_PAD)[None, None, :]
+    tl.store(s_ptr + slot * (H * D * D) + heads * (D * D) + rows * D + cols, s,
+             mask=(heads < H) & (rows < D) & (cols < D))  # fmt: skip
+    vector_heads = tl.arange(0, H_PAD)[:, None]
+    vector_cols = tl.arange(0, D_PAD)[None, :]
+    tl.store(z_ptr + slot * (H * D) + vector_heads * D + vector_cols, z, mask=(vector_heads < H) & (vector_cols < D))
+
+
+@triton.jit
+def _broadcast_columns(z, D_PAD: tl.constexpr):
+    """(H_PAD, D_PAD) z -> (H_PAD, D_PAD, D_PAD) with every column equal to z: x @ it gives x·z in every column, so
+    the normaliser comes out of a tensor-core product already broadcast over the channels."""
+    return z[:, :, None] + tl.zeros([1, 1, D_PAD], tl.float32)
+
+
+@triton.jit
+def _neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
+    """Rows of the tokens at (y + dy, x + dx) of each token of a tile, and whether that is a token of the map."""
+    spatial = rows - prefix
+    yy = spatial // grid_w
+    xx = spatial - yy * grid_w
     ny = yy + dy
     nx = xx + dx
-    ok = is_spatial & (ny >= 0) & (ny < grid_h) & (nx >= 0) & (nx < grid_w)
-    neighbour = prefix + ny * grid_w + nx
-    if HAS_MASK:
-        ok = ok & (tl.load(mask_base + neighbour, mask=ok, other=0) != 0)
-    return tl.load(
-        src_base + neighbour[:, None] * stride_n + head_cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0
-    ).to(tl.float32)
-
-
-@triton.jit
-def _shifted_sum(
-    src_base,
-    cols,
-    col_ok,
-    head_cols,
-    yy,
-    xx,
-    is_spatial,
-    stride_n,
-    prefix,
-    grid_h,
-    grid_w,
-    mask_base,
-    w_ptr,
-    BLOCK_N: tl.constexpr,
-    D_PAD: tl.constexpr,
-    K: tl.constexpr,
-    SIGN: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-):
-    """Σ_(ky,kx) w[:, ky, kx] · src[y + SIGN (ky - K//2), x + SIGN (kx - K//2)] over a head tile: the depthwise conv
-    (SIGN = 1, masked sources zero) or its transpose (SIGN = -1)."""
-    acc = tl.zeros([BLOCK_N, D_PAD], tl.float32)
-    for ky in range(K):
-        for kx in range(K):
-            value = _neighbour(
-                src_base, head_cols, col_ok, yy, xx, is_spatial, SIGN * (ky - K // 2), SIGN * (kx - K // 2),
-                stride_n, prefix, grid_h, grid_w, mask_base, HAS_MASK,
-            )  # fmt: skip
-            weight = tl.load(w_ptr + cols * (K * K) + (ky * K + kx), mask=col_ok, other=0.0).to(tl.float32)
-            acc += value * weight[None, :]
-    return acc
+    ok = row_ok & (spatial >= 0) & (ny >= 0) & (ny < grid_h) & (nx >= 0) & (nx < grid_w)
+    return prefix + ny * grid_w + nx, ok

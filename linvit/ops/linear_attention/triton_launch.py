@@ -1,0 +1,272 @@
+"""How the linear-attention kernels are launched: grids, chunking, buffers and the autotune space, as plans.
+
+A plan is a list of :class:`Launch` (kernel, grid, arguments, compile-time constants, the trip counts of its
+runtime loops). The custom ops in `triton.py` run the plans; ``python -m benchmarks.kernel_resources --cost`` compiles
+the same plans for sm_90 without a GPU and counts what they issue. One source for both keeps the count honest.
+
+Chunking: every kernel has the grid (batch, chunk). A chunk is a run of token tiles that one program walks, and the
+number of chunks is chosen so that B · chunks fills the GPU's resident programs once (an exact wave, no tail): the
+partial states a chunk writes (4·C·d bytes) are then few, and the kernels that consume them add them up themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import torch
+import triton
+from torch import Tensor
+
+from linvit.ops._backend import interpreting
+from linvit.ops.linear_attention import triton_backward, triton_forward
+
+__all__ = ["Launch", "backward_plan", "forward_plan", "kernel_sizes", "num_chunks", "TILE_CONFIGS"]
+
+# The autotune space of the tiled kernels: (tokens per tile, warps, pipeline stages). Under Triton's interpreter the
+# first one runs (fixed, deterministic).
+TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
+    (32, 4, 1),
+    (64, 4, 1),
+    (64, 8, 1),
+    (128, 8, 1),
+    (32, 4, 2),
+    (64, 8, 2),
+)
+_INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
+PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
+SUM_BLOCK = 256  # columns per program of the final sum of the small gradients
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch of a plan."""
+
+    name: str
+    kernel: object  # the @triton.jit function
+    grid: tuple[int, ...]
+    args: dict[str, object]  # run-time arguments by parameter name (tensors, ints, floats)
+    constants: dict[str, object]  # compile-time constants, without the tuned ones
+    loops: Callable[[int], tuple[float, ...]]  # mean trip counts of its run-time loops, in program order, per BLOCK_N
+    tuned: bool = True  # BLOCK_N, num_warps and num_stages come from TILE_CONFIGS
+    num_warps: int = 4  # untuned kernels
+
+
+def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
+    """The compile-time sizes of one shape: heads, head dim, both padded to powers of two, and the dot precisions."""
+    head_dim = channels // num_heads
+    half = dtype in (torch.float16, torch.bfloat16)
+    return {
+        "H": num_heads,
+        "D": head_dim,
+        "H_PAD": triton.next_power_of_2(num_heads),
+        "D_PAD": max(16, triton.next_power_of_2(head_dim)),
+        # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation); fp16 ones could
+        # overflow there, so they and the fp32 state products use tf32; fp32 inputs keep fp32 products
+        "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
+        "DOT_PRECISION": "tf32" if half and not interpreting() else "ieee",
+    }
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def chunk_granularity() -> int:
+    """Chunks are whole numbers of the largest tile, so that every config walks the same chunks."""
+    return _INTERPRETER_BLOCK if interpreting() else max(block for block, _, _ in TILE_CONFIGS)
+
+
+def num_chunks(batch: int, tokens: int, device: torch.device, multiprocessors: int | None = None) -> tuple[int, int]:
+    """(chunk length, number of chunks) of the token axis: B · chunks ≤ the resident programs, as close as it gets."""
+    if multiprocessors is None:
+        multiprocessors = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+    target = PROGRAMS_PER_SM * multiprocessors
+    granule = chunk_granularity()
+    tiles = triton.cdiv(tokens, granule)
+    chunks = max(1, min(tiles, target // max(batch, 1)))
+    chunk = triton.cdiv(tiles, chunks) * granule
+    return chunk, triton.cdiv(tokens, chunk)
+
+
+def _tile_trips(tokens: int, chunk: int, chunks: int) -> Callable[[int], float]:
+    """Mean number of tiles a program walks, for a tile size."""
+
+    def trips(block: int) -> float:
+        lengths = [min(chunk, tokens - i * chunk) for i in range(chunks)]
+        return sum(triton.cdiv(length, block) for length in lengths) / chunks
+
+    return trips
+
+
+def _optional(tensor: Tensor | None, fallback: Tensor) -> Tensor:
+    """A tensor argument for a kernel parameter its flags leave unread."""
+    return fallback if tensor is None else tensor
+
+
+def _position_stride(key_position: Tensor | None) -> int:
+    return 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
+
+
+def forward_plan(
+    qkv: Tensor,
+    inverse_temperature: Tensor | None,
+    key_position: Tensor | None,
+    dwc_weight: Tensor | None,
+    dwc_bias: Tensor | None,
+    mask: Tensor | None,
+    grid_h: int,
+    grid_w: int,
+    num_heads: int,
+    feature_map: int,
+    focusing_factor: float,
+    num_prefix_tokens: int,
+    eps: float,
+    feature_eps: float,
+    prescaled: bool,
+    multiprocessors: int | None = None,
+) -> tuple[list[Launch], Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """The forward's launches, its output (B, N, C) and the partial states (S, z, kept) the backward needs.
+
+    ``mask`` is the key mask as uint8 (or None)."""
+    batch, tokens, _ = qkv.shape
+    channels = qkv.shape[-1] // 3
+    sizes = kernel_sizes(channels, num_heads, qkv.dtype)
+    head_dim = sizes["D"]
+    chunk, chunks = num_chunks(batch, tokens, qkv.device, multiprocessors)
+    floats = {"device": qkv.device, "dtype": torch.float32}
+    partial_s = torch.empty(batch, chunks, num_heads, head_dim, head_dim, **floats)
+    partial_z = torch.empty(batch, chunks, num_heads, head_dim, **floats)
+    partial_count = torch.empty(batch, chunks, **floats)
+    out = torch.empty(batch, tokens, channels, device=qkv.device, dtype=qkv.dtype)
+    flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None}
+    trips = _tile_trips(tokens, chunk, chunks)
+    state = Launch(
+        "state",
+        triton_forward.state_kernel,
+        (batch, chunks),
+        {
+            "qkv_ptr": qkv, "pos_ptr": _optional(key_position, qkv), "inv_ptr": _optional(inverse_temperature, qkv),
+            "mask_ptr": _optional(mask, qkv), "s_ptr": partial_s, "z_ptr": partial_z, "count_ptr": partial_count,
+            "N": tokens, "stride_b": qkv.stride(0), "stride_n": qkv.stride(1),
+            "pos_stride_b": _position_stride(key_position), "mask_stride_b": tokens, "prefix": num_prefix_tokens,
+            "chunk": chunk, "feature_eps": feature_eps,
+        },  # fmt: skip
+        {**sizes, **flags, "HAS_POS": key_position is not None},
+        lambda block: (trips(block),),
+    )
+    kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
+    output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
+    output = Launch(
+        "output",
+        triton_forward.output_kernel,
+        (batch, chunks),
+        {
+            "qkv_ptr": qkv, "inv_ptr": _optional(inverse_temperature, qkv), "mask_ptr": _optional(mask, qkv),
+            "s_ptr": partial_s, "z_ptr": partial_z, "count_ptr": partial_count, "w_ptr": _optional(dwc_weight, qkv),
+            "bias_ptr": _optional(dwc_bias, qkv), "out_ptr": out, "N": tokens, "stride_b": qkv.stride(0),
+            "stride_n": qkv.stride(1), "out_stride_b": out.stride(0), "out_stride_n": out.stride(1),
+            "mask_stride_b": tokens, "prefix": num_prefix_tokens, "chunk": chunk, "grid_h": grid_h,
+            "grid_w": grid_w, "eps": eps, "feature_eps": feature_eps,
+        },  # fmt: skip
+        {
+            **output_sizes, **flags, "K": kernel_size, "HAS_DWC": dwc_weight is not None,
+            "HAS_BIAS": dwc_bias is not None,
+        },  # fmt: skip
+        lambda block: (chunks, trips(block)),
+    )
+    return [state, output], out, (partial_s, partial_z, partial_count)
+
+
+def backward_plan(
+    grad_out: Tensor,
+    qkv: Tensor,
+    partials: tuple[Tensor, Tensor, Tensor],
+    inverse_temperature: Tensor | None,
+    key_position: Tensor | None,
+    dwc_weight: Tensor | None,
+    mask: Tensor | None,
+    grid_h: int,
+    grid_w: int,
+    num_heads: int,
+    feature_map: int,
+    focusing_factor: float,
+    num_prefix_tokens: int,
+    eps: float,
+    feature_eps: float,
+    multiprocessors: int | None = None,
+) -> tuple[list[Launch], Tensor, Tensor]:
+    """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
+    then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
+    partial_s, partial_z, partial_count = partials
+    batch, chunks = partial_count.shape
+    tokens = qkv.shape[1]
+    channels = qkv.shape[-1] // 3
+    sizes = kernel_sizes(channels, num_heads, qkv.dtype)
+    head_dim = sizes["D"]
+    chunk, planned = num_chunks(batch, tokens, qkv.device, multiprocessors)
+    if planned != chunks:
+        raise ValueError(f"the forward's partial states hold {chunks} chunks, this device plans {planned}")
+    trips = _tile_trips(tokens, chunk, chunks)
+    floats = {"device": qkv.device, "dtype": torch.float32}
+    grad_qkv = torch.empty(batch, tokens, 3 * channels, device=qkv.device, dtype=qkv.dtype)
+    partial_ds = torch.empty_like(partial_s)
+    partial_dz = torch.empty_like(partial_z)
+    kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
+    width = channels + (head_dim * kernel_size * kernel_size + head_dim if dwc_weight is not None else 0)
+    query_grads = torch.empty(batch * chunks, channels, **floats)
+    key_grads = torch.empty(batch * chunks, width, **floats)
+    small_grads = torch.empty(width, **floats)
+    inv = _optional(inverse_temperature, qkv)
+    common = {"MAP": feature_map, "POWER": focusing_factor}
+    query = Launch(
+        "query_grad",
+        triton_backward.query_grad_kernel,
+        (batch, chunks),
+        {
+            "qkv_ptr": qkv, "inv_ptr": inv, "s_ptr": partial_s, "z_ptr": partial_z, "count_ptr": partial_count,
+            "do_ptr": grad_out, "dqkv_ptr": grad_qkv, "ds_ptr": partial_ds, "dz_ptr": partial_dz,
+            "grads_ptr": query_grads, "N": tokens, "stride_b": qkv.stride(0), "stride_n": qkv.stride(1),
+            "do_stride_b": grad_out.stride(0), "do_stride_n": grad_out.stride(1),
+            "dqkv_stride_b": grad_qkv.stride(0), "dqkv_stride_n": grad_qkv.stride(1), "chunk": chunk, "eps": eps,
+            "feature_eps": feature_eps,
+        },  # fmt: skip
+        {**sizes, **common},
+        lambda block: (chunks, trips(block)),
+    )
+    key_value = Launch(
+        "key_value_grad",
+        triton_backward.key_value_grad_kernel,
+        (batch, chunks),
+        {
+            "qkv_ptr": qkv, "pos_ptr": _optional(key_position, qkv), "inv_ptr": inv, "mask_ptr": _optional(mask, qkv),
+            "ds_ptr": partial_ds, "dz_ptr": partial_dz, "count_ptr": partial_count,
+            "w_ptr": _optional(dwc_weight, qkv), "do_ptr": grad_out, "dqkv_ptr": grad_qkv, "grads_ptr": key_grads,
+            "N": tokens, "stride_b": qkv.stride(0), "stride_n": qkv.stride(1), "do_stride_b": grad_out.stride(0),
+            "do_stride_n": grad_out.stride(1), "dqkv_stride_b": grad_qkv.stride(0),
+            "dqkv_stride_n": grad_qkv.stride(1), "pos_stride_b": _position_stride(key_position),
+            "mask_stride_b": tokens, "prefix": num_prefix_tokens, "chunk": chunk, "grads_width": width,
+            "grid_h": grid_h, "grid_w": grid_w, "feature_eps": feature_eps,
+        },  # fmt: skip
+        {
+            **sizes, **common, "K": kernel_size, "KK_PAD": triton.next_power_of_2(kernel_size * kernel_size),
+            "HAS_POS": key_position is not None, "HAS_MASK": mask is not None, "HAS_DWC": dwc_weight is not None,
+        },  # fmt: skip
+        lambda block: (chunks, trips(block)),
+    )
+    total = Launch(
+        "sum_grads",
+        triton_backward.sum_rows_kernel,
+        (triton.cdiv(width, SUM_BLOCK),),
+        {
+            "keys_ptr": key_grads, "queries_ptr": query_grads, "out_ptr": small_grads, "rows": batch * chunks,
+            "width": width, "query_width": channels,
+        },  # fmt: skip
+        {"BLOCK": SUM_BLOCK},
+        lambda block: (batch * chunks,),
+        tuned=False,
+        num_warps=4,
+    )
+    return [query, key_value, total], grad_qkv, small_grads
