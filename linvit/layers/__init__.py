@@ -1,5 +1,6 @@
 """Building blocks shared by the model families: the staged-backbone frame, the token stage, heads, blocks, stems."""
 
+from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.backbone import Backbone, StagedBackbone, init_linear_weights, no_weight_decay_names
 from linvit.layers.block import PreNormBlock, TransformerBlock
 from linvit.layers.downsample import ConvDownsample
@@ -20,6 +21,7 @@ __all__ = [
     "StagedBackbone",
     "TokenStage",
     "TransformerBlock",
+    "check_creation_arguments",
     "check_image_batch",
     "conv_grids",
     "drop_path_rates",
@@ -28,5 +30,6 @@ __all__ = [
     "min_size_pair",
     "no_weight_decay_names",
     "stage_attention_kwargs",
+    "take_feature_indices",
     "tokens_to_map",
 ]

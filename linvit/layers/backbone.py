@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 from timm.layers import to_2tuple, trunc_normal_
-from timm.models._features import feature_take_indices
 from torch import nn
 
+from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.image_input import check_image_batch
 
 __all__ = ["Backbone", "StagedBackbone", "init_linear_weights", "no_weight_decay_names"]
@@ -78,6 +78,7 @@ class Backbone(nn.Module):
         min_input_size: tuple[int, int] | None = None,
     ):
         super().__init__()
+        check_creation_arguments(type(self).__name__, in_chans=in_chans, num_classes=num_classes, img_size=img_size)
         self.in_chans = in_chans
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -92,6 +93,12 @@ class Backbone(nn.Module):
         if torch.jit.is_scripting():
             return check_image_batch(x, self.in_chans, self.min_input_size, self.model_name)
         return check_image_batch(x, self.in_chans, self.min_input_size, self.model_name, self._weight_dtype())
+
+    @torch.jit.unused
+    def registered_name(self) -> str:
+        """The name the model was created by (``timm.create_model``), else its class name: for messages."""
+        cfg = getattr(self, "pretrained_cfg", None)
+        return str(cfg.get("architecture") or self.model_name) if isinstance(cfg, dict) else self.model_name
 
     @torch.jit.unused
     def _weight_dtype(self) -> torch.dtype:
@@ -196,7 +203,7 @@ class StagedBackbone(Backbone):
                 f"{self.model_name} intermediates are NCHW maps, got output_fmt={output_fmt!r}; use 'NCHW'"
             )
         stages = self.stage_modules()
-        take_indices, max_index = feature_take_indices(len(stages), indices)
+        take_indices, max_index = take_feature_indices(len(stages), indices, self.registered_name())
         last_index = len(stages) - 1
         x = self.forward_stem(self.check_input(x))
         intermediates: list[torch.Tensor] = []
@@ -216,9 +223,10 @@ class StagedBackbone(Backbone):
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
-        """Drop the stages after the last tap (and the final norm and the head); returns the normalised indices."""
+        """Drop the stages after the last tap (and the final norm and the head); returns the normalised indices.
+        (timm's ``features_only`` calls it with the ``out_indices`` given at creation, which it checks.)"""
         stages = self.stage_modules()
-        take_indices, max_index = feature_take_indices(len(stages), indices)
+        take_indices, max_index = take_feature_indices(len(stages), indices, self.registered_name(), "out_indices")
         prune_end = max_index < len(stages) - 1
         setattr(self, self.stage_container, stages[: max_index + 1])
         if prune_norm or prune_end:

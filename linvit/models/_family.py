@@ -22,6 +22,7 @@ from torch import nn
 
 from linvit.attention import FocusedLinearAttention, resize_positional_table, square_grid
 from linvit.io import build_model_loading_safely, extract_model_state_dict, load_pretrained_file
+from linvit.layers import check_creation_arguments
 
 __all__ = [
     "PretrainedFileMixin",
@@ -168,7 +169,9 @@ def create_family_model(
     """timm's ``build_model_with_cfg`` for a family: the module's ``checkpoint_filter_fn`` converts checkpoints,
     ``features_only`` gets timm's getter over ``forward_intermediates`` (``out_indices`` from kwargs, else
     ``default_out_indices``), and a weight file goes to the model's own safe loader (``trusted=True`` in kwargs: see
-    `build_model_loading_safely`)."""
+    `build_model_loading_safely`). The arguments every family shares are checked first
+    (`linvit.layers.arguments.check_creation_arguments`; ``out_indices`` by the frame's feature taps)."""
+    check_creation_arguments(variant, **kwargs)
     out_indices = kwargs.pop("out_indices", default_out_indices)
     filter_fn = getattr(sys.modules[model_cls.__module__], "checkpoint_filter_fn", None)
     return build_model_loading_safely(

@@ -25,7 +25,6 @@ import torch
 import torch.utils.checkpoint
 from timm.layers import PatchEmbed, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from torch import nn
 
 from linvit.attention import ATTENTIONS, stage_attention_specs
@@ -36,6 +35,7 @@ from linvit.layers import (
     drop_path_rates,
     init_linear_weights,
     stage_attention_kwargs,
+    take_feature_indices,
 )
 from linvit.models._family import (
     PretrainedFileMixin,
@@ -242,7 +242,7 @@ class FlattenDeiT(PretrainedFileMixin, LinearHeadMixin, Backbone):
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        take_indices, max_index = take_feature_indices(len(self.blocks), indices, self.registered_name())
         intermediates: list[torch.Tensor] = []
         prefixes: list[torch.Tensor] = []
         x, hw = self._embed(x)
@@ -267,7 +267,7 @@ class FlattenDeiT(PretrainedFileMixin, LinearHeadMixin, Backbone):
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        take_indices, max_index = take_feature_indices(len(self.blocks), indices, self.registered_name(), "out_indices")
         self.blocks = self.blocks[: max_index + 1]
         if prune_norm:
             self.norm = nn.Identity()
