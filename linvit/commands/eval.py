@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -36,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trust the run directory: load a checkpoint that needs full unpickling and build classes its config "
         "names outside linvit's own (both run code from the files: only for runs you trust)",
     )
+    parser.add_argument(
+        "--allow-non-finite",
+        action="store_true",
+        help="load weights that hold NaN/Inf (named in a warning) instead of stopping; the evaluation still fails "
+        "if the model's outputs are not finite",
+    )
 
 
 def _run_dir(checkpoint: Path) -> Path:
@@ -45,7 +52,7 @@ def _run_dir(checkpoint: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     import lightning.pytorch as pl
 
-    from linvit.io import CheckpointError
+    from linvit.io import CheckpointError, check_finite_weights
     from linvit.train.export import find_checkpoint, load_checkpoint
     from linvit.train.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
     from linvit.utils.saved_config import TRUSTED_DATAMODULES, UntrustedConfigError
@@ -78,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             data_cfg, config_path, trusted=args.trusted, prefix="data", allowed=TRUSTED_DATAMODULES
         )
         saved = load_checkpoint(checkpoint, trusted=args.trusted, opt_in="--trusted")
+        weights = saved.get("state_dict") or {}
+        check_finite_weights(weights, str(checkpoint), allow=args.allow_non_finite, opt_out="--allow-non-finite")
         # the weights come from the checkpoint: never fetch pretrained ones first
         model = module_from_checkpoint(
             saved,
@@ -101,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
     loader = datamodule.test_dataloader() if args.split == "test" else datamodule.val_dataloader()
     results = trainer.test(model, dataloaders=loader, verbose=not args.json)
     metrics = {k.replace("test", args.split, 1): float(v) for k, v in results[0].items()}
+    non_finite = sorted(key for key, value in metrics.items() if not math.isfinite(value))
+    if non_finite:
+        sys.stderr.write(
+            f"linvit eval: the model computed NaN/Inf on the {args.split} split of {checkpoint} "
+            f"({', '.join(f'{key}={metrics[key]}' for key in non_finite)}): its weights or the data hold values it "
+            "cannot compute with; no metrics reported.\n"
+        )
+        return 1
     if args.json:
         stream = getattr(args, "data_stream", sys.stdout)  # the real stdout (linvit.cli sends the rest to stderr)
         stream.write(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=2) + "\n")

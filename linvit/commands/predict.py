@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trust the config.json beside the weights: pass its model arguments to timm even where they load "
         "files or weights (only for files you trust)",
     )
+    parser.add_argument(
+        "--allow-non-finite",
+        action="store_true",
+        help="load weights that hold NaN/Inf (named in a warning) instead of stopping; the prediction still fails "
+        "if the output is not finite",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint facts
@@ -181,14 +187,19 @@ def predict(
     topk: int = 5,
     device: str = "cpu",
     trusted: bool = False,
+    allow_non_finite: bool = False,
 ):
-    """[(class index, probability, label or None)] for the top-k classes, best first."""
+    """[(class index, probability, label or None)] for the top-k classes, best first.
+
+    Weights with NaN/Inf are refused naming the tensors (:class:`linvit.io.NonFiniteWeightsError`) unless
+    ``allow_non_finite``; an output with NaN/Inf is a ValueError either way (never a ``nan%`` prediction).
+    """
     import pickle
 
     import torch
     from safetensors import SafetensorError
 
-    from linvit.io import CheckpointError
+    from linvit.io import CheckpointError, allow_non_finite_weights, check_finite_weights
 
     if not Path(image).is_file():
         raise FileNotFoundError(f"image {image!r} does not exist")
@@ -196,7 +207,10 @@ def predict(
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
     side_config = read_side_config(checkpoint, trusted) if checkpoint else {}
     try:
-        model = build_model(model_name, checkpoint, side_config).to(device).eval()
+        with allow_non_finite_weights(allow_non_finite, opt_out="--allow-non-finite"):
+            model = build_model(model_name, checkpoint, side_config).to(device).eval()
+            if checkpoint is not None:  # also a model outside linvit's families, read by timm's loader
+                check_finite_weights(model.state_dict(), checkpoint, opt_out="--allow-non-finite")
     except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError) as error:
         if checkpoint is None:
             raise
@@ -210,7 +224,13 @@ def predict(
     labels = label_names_for(model, checkpoint, side_config)
     x = preprocess(image, model).to(device)
     with torch.inference_mode():
-        probabilities = model(x).float().softmax(dim=-1)[0]
+        logits = model(x).float()
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(
+            f"{model_name} computed NaN/Inf for {image}: no prediction. Its weights"
+            f"{f' ({checkpoint})' if checkpoint else ''} or the image hold values it cannot compute with."
+        )
+    probabilities = logits.softmax(dim=-1)[0]
     values, indices = probabilities.topk(min(topk, probabilities.numel()))
     return [(int(i), float(p), labels[int(i)] if labels else None) for p, i in zip(values, indices)]
 
@@ -225,7 +245,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        results = predict(args.image, args.model, args.checkpoint, args.topk, args.device, args.trusted)
+        results = predict(
+            args.image, args.model, args.checkpoint, args.topk, args.device, args.trusted, args.allow_non_finite
+        )
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

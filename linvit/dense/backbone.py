@@ -44,12 +44,14 @@ def _strip_prefix_for(model_keys: set, state_dict: dict[str, Tensor]) -> dict[st
 def load_checkpoint_state_dict(name: str, path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a checkpoint file safely for timm model ``name``: training-checkpoint entries and wrapper prefixes
     (DDP ``module.``, Lightning ``model.``/``backbone.``, ...) removed. Foreign layouts are converted later by the
-    model's own ``checkpoint_filter_fn`` (timm's pretrained path)."""
+    model's own ``checkpoint_filter_fn`` (timm's pretrained path). Weights with NaN/Inf are refused, named
+    (:func:`linvit.io.check_finite_weights`)."""
     import timm
 
-    from linvit.io import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import check_finite_weights, extract_model_state_dict, load_checkpoint_file
 
     state_dict = extract_model_state_dict(load_checkpoint_file(path))
+    check_finite_weights(state_dict, str(path))
     with torch.device("meta"):
         reference = timm.create_model(name, pretrained=False, num_classes=0)
     return _strip_prefix_for(set(reference.state_dict().keys()), state_dict)

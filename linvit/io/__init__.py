@@ -7,6 +7,7 @@
   and how a state dict differs from a model's;
 - :mod:`~linvit.io.pretrained`: a weight file into a timm model (``load_pretrained``, the ``trusted`` opt-in of
   ``timm.create_model``); :mod:`~linvit.io.families`: the registered variants a file may fit instead;
+- :mod:`~linvit.io.finite`: weights with NaN/Inf named (:func:`check_finite_weights`), and the opt-out;
 - :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError) and :class:`UntrustedCheckpointError`.
 
 Imports torch, timm and safetensors only (no other room of linvit).
@@ -14,6 +15,7 @@ Imports torch, timm and safetensors only (no other room of linvit).
 
 from linvit.io.errors import CheckpointError, UntrustedCheckpointError
 from linvit.io.families import family_models, model_family
+from linvit.io.finite import NonFiniteWeightsError, allow_non_finite_weights, check_finite_weights
 from linvit.io.pretrained import build_model_loading_safely, load_pretrained_file, route_pretrained_to_model
 from linvit.io.safe_load import check_checkpoint_intact, load_checkpoint_file
 from linvit.io.state_dict import (
@@ -25,9 +27,12 @@ from linvit.io.state_dict import (
 
 __all__ = [
     "CheckpointError",
+    "NonFiniteWeightsError",
     "UntrustedCheckpointError",
+    "allow_non_finite_weights",
     "build_model_loading_safely",
     "check_checkpoint_intact",
+    "check_finite_weights",
     "describe_mismatch",
     "extract_model_state_dict",
     "family_models",

@@ -10,11 +10,13 @@ fails on a bad file with a bare ``EOFError``/``KeyError``), so
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path))`` reads the authors' raw files,
 safetensors from ``linvit convert``, and plain state dicts alike, and a bad file is a short
 :class:`~linvit.io.CheckpointError` naming it. ``timm.create_model(..., trusted=True)`` is the opt-in for a pickle
-that runs code.
+that runs code. Weights with NaN/Inf are refused naming the tensors; ``timm.create_model(...,
+allow_non_finite=True)`` loads them anyway (see :mod:`linvit.io.finite`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -26,6 +28,7 @@ from torch import nn
 
 from linvit.io.errors import CheckpointError, short_message
 from linvit.io.families import family_models
+from linvit.io.finite import allow_non_finite_weights, check_finite_weights
 from linvit.io.safe_load import load_checkpoint_file
 from linvit.io.state_dict import describe_mismatch, extract_model_state_dict, state_dict_mismatch
 
@@ -96,6 +99,7 @@ def load_pretrained_file(
     use_ema: bool = False,
     trusted: bool | None = None,
     strict: bool = True,
+    allow_non_finite: bool | None = None,
 ) -> None:
     """Load a foreign or native checkpoint file into ``model`` (what a model's ``load_pretrained`` calls).
 
@@ -105,7 +109,9 @@ def load_pretrained_file(
     compares names and shapes with the model before touching it: any difference raises a short
     :class:`~linvit.io.CheckpointError` (counts, first few names, the registered variant the file fits) and leaves
     the model as it was. ``strict=False`` loads what matches. ``trusted=None`` takes the choice made at creation
-    (``timm.create_model(..., trusted=True)``), else False.
+    (``timm.create_model(..., trusted=True)``), else False. Weights with NaN/Inf raise
+    :class:`~linvit.io.NonFiniteWeightsError` naming them, unless ``allow_non_finite`` (None: the choice made at
+    creation, ``timm.create_model(..., allow_non_finite=True)``, or :func:`linvit.io.allow_non_finite_weights`).
     """
     if trusted is None:
         trusted = _TRUSTED_LOAD.get()
@@ -120,6 +126,7 @@ def load_pretrained_file(
         raise CheckpointError(
             f"Checkpoint '{path}' holds no weights {target} can use: {short_message(error, limit=400)}"
         ) from error
+    check_finite_weights(raw_state_dict, str(path), allow=allow_non_finite)
     allowed_missing = _adapt_classifier_and_stem(state_dict, model, pretrained_cfg)
     missing, unexpected, mismatched = state_dict_mismatch(state_dict, model.state_dict())
     missing = [key for key in missing if key not in allowed_missing]
@@ -174,15 +181,19 @@ def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, 
 
     ``kwargs`` go to ``build_model_with_cfg`` through :func:`route_pretrained_to_model`, less ``trusted`` (default
     False): ``trusted=True`` lets :func:`load_pretrained_file` unpickle a file that runs code, for files the user
-    trusts, e.g. ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), trusted=True)``.
+    trusts, e.g. ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), trusted=True)``;
+    and less ``allow_non_finite`` (default: refuse weights with NaN/Inf, naming them; True loads them with a warning).
     """
     from timm.models import build_model_with_cfg
 
     trusted = kwargs.pop("trusted", False)
-    if not isinstance(trusted, bool):
-        raise TypeError(f"trusted must be True or False, got {trusted!r} ({type(trusted).__name__})")
+    allow_non_finite = kwargs.pop("allow_non_finite", None)
+    for name, value in (("trusted", trusted), ("allow_non_finite", allow_non_finite)):
+        if not isinstance(value, bool) and not (name == "allow_non_finite" and value is None):
+            raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
     token = _TRUSTED_LOAD.set(trusted)
     try:
-        return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
+        with allow_non_finite_weights(allow_non_finite) if allow_non_finite is not None else contextlib.nullcontext():
+            return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
     finally:
         _TRUSTED_LOAD.reset(token)
