@@ -151,7 +151,11 @@ def channels_last_image(x: Tensor, hw: tuple[int, int], key_mask: Tensor | None)
         x = x * key_mask.unsqueeze(-1).to(x.dtype)
     else:
         x = x.contiguous()
-    return x.view(x.shape[0], hw[0], hw[1], x.shape[-1]).permute(0, 3, 1, 2)
+    image = x.view(x.shape[0], hw[0], hw[1], x.shape[-1]).permute(0, 3, 1, 2)
+    if not torch.jit.is_scripting() and torch.compiler.is_exporting():
+        # a channels-last conv input makes torch.export specialise the batch size (batch > 1)
+        image = image.contiguous()
+    return image
 
 
 def depthwise_conv_values(

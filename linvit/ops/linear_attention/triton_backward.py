@@ -1,12 +1,17 @@
-"""Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`). Three launches:
+"""Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`).
+
+Four launches:
 
 - ``query_grad_kernel`` (grid batch × chunk): sums the forward's partial states, then per tile of queries
   dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
   program holds every head of its tokens, so the focused map's cross-head term is a sum within the tile: one pass.
 - ``key_value_grad_kernel`` (grid batch × chunk): sums the partial dL/dS, dL/dz, then per tile of keys dL/dk and
   dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once for all
-  channels and reused for the conv weight's gradient Σ v · dL/dout(shifted)), and the chunk's partial temperature,
-  DWC weight and bias gradients, accumulated in registers and reduced once per program.
+  channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and reduced once
+  per program.
+- ``dwc_weight_grad_kernel`` (grid batch × chunk × tap): the DWC weight's gradient Σ v · dL/dout(shifted), one tap
+  per program, accumulated elementwise in registers over the chunk and reduced once (a reduction per tap and tile
+  inside the key kernel cost more than the rest of the backward together).
 - ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
 """
 
@@ -144,7 +149,6 @@ def key_value_grad_kernel(
     D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     K: tl.constexpr,
-    KK_PAD: tl.constexpr,
     MAP: tl.constexpr,
     POWER: tl.constexpr,
     HAS_POS: tl.constexpr,
@@ -170,12 +174,10 @@ def key_value_grad_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    taps = tl.arange(0, KK_PAD)[:, None]
     inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
     gs, gz = _reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
     gs_t = tl.permute(gs, (0, 2, 1))
     acc_dinv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
-    acc_w = tl.zeros([KK_PAD, D_PAD], tl.float32)
     acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
@@ -195,45 +197,90 @@ def key_value_grad_kernel(
         acc_dinv += tl.where(keep_ok, dinv, 0.0)
         phi = tl.where(keep_ok, phi, 0.0)
         dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
-        if HAS_DWC:
-            # transposed conv: dv[n] += w[tap] · g[n - offset(tap)]; the same shifted g gives the weight's
-            # gradient Σ_n v[n] · g[n - offset(tap)] (v zero at masked and class tokens)
-            v_image = tl.where((rows >= prefix)[None, :, None], v, 0.0)
+        if HAS_DWC:  # the transposed conv: dv[n] += w[tap] · g[n - offset(tap)]
             for tap in tl.static_range(K * K):
                 sources, source_ok = _neighbour_rows(
                     rows, row_ok, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
                 )
                 g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
                 weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
-                dv += g * weight
-                contribution = tl.sum(tl.sum(v_image * g, axis=1), axis=0)
-                acc_w += tl.where(taps == tap, contribution[None, :], 0.0)
-            own = tl.where((rows >= prefix)[None, :, None], _load_tile(do_base, rows, ok, do_stride_n, channels), 0.0)
-            acc_b += own
+                dv = tl.fma(g, weight, dv)
+            acc_b += tl.where((rows >= prefix)[None, :, None], _load_tile(do_base, rows, ok, do_stride_n, channels), 0.0)
         tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
     _store_row(row, tl.sum(acc_dinv, axis=1), H, D, H_PAD, D_PAD)
-    if HAS_DWC:
-        # the weight (D, 1, K, K) and bias (D,) gradients, after the temperature's C values
-        dims_2d = tl.arange(0, D_PAD)[None, :]
-        tl.store(row + H * D + dims_2d * (K * K) + taps, acc_w, mask=(dims_2d < D) & (taps < K * K))
+    if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K
         tl.store(row + H * D + D * K * K + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0),
                  mask=tl.arange(0, D_PAD) < D)  # fmt: skip
 
 
 @triton.jit
-def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, BLOCK: tl.constexpr):
-    """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), the rows added in order; keys: (rows, width),
-    queries: (rows, query_width), fp32, contiguous."""
+def dwc_weight_grad_kernel(
+    qkv_ptr,
+    mask_ptr,
+    do_ptr,
+    grads_ptr,
+    N,
+    stride_b,
+    stride_n,
+    do_stride_b,
+    do_stride_n,
+    mask_stride_b,
+    prefix,
+    chunk,
+    grads_width,
+    grid_h,
+    grid_w,
+    N_BUCKET,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """The DWC weight's gradient for tap ``program_id(2)`` over the tokens of chunk t of batch element b:
+    Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a head, summed over the heads (v zero at masked and class
+    tokens). Products accumulate in registers over the chunk and are reduced once, at the end."""
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    tap = tl.program_id(2)
+    v_base = qkv_ptr + b.to(tl.int64) * stride_b + 2 * H * D
+    do_base = do_ptr + b.to(tl.int64) * do_stride_b
+    mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
+    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    acc = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    start = t * chunk
+    stop = tl.minimum(start + chunk, N)
+    for row0 in tl.range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        keep = (rows < stop) & (rows >= prefix)
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
+        v = _load_tile(v_base, rows, keep[None, :, None] & channel_ok, stride_n, channels)
+        sources, source_ok = _neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K)
+        g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
+        acc = tl.fma(v, g, acc)
+    dims = tl.arange(0, D_PAD)
+    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width + H * D
+    tl.store(row + dims * (K * K) + tap, tl.sum(tl.sum(acc, axis=1), axis=0), mask=dims < D)
+
+
+@triton.jit
+def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, BLOCK: tl.constexpr,
+                    ROWS: tl.constexpr):  # fmt: skip
+    """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
+    (rows, width), queries: (rows, query_width), fp32, contiguous."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < width
     query_ok = cols < query_width
-    acc = tl.zeros([BLOCK], tl.float32)
-    keys_row = keys_ptr + cols
-    queries_row = queries_ptr + cols
-    for _ in tl.range(0, rows):
-        acc += tl.load(keys_row, mask=col_ok, other=0.0)
-        acc += tl.load(queries_row, mask=query_ok, other=0.0)
-        keys_row += width
-        queries_row += query_width
-    tl.store(out_ptr + cols, acc, mask=col_ok)
+    acc = tl.zeros([ROWS, BLOCK], tl.float32)
+    for row0 in tl.range(0, rows, ROWS):
+        block_rows = (row0 + tl.arange(0, ROWS))[:, None]
+        row_ok = block_rows < rows
+        acc += tl.load(keys_ptr + block_rows * width + cols[None, :], mask=row_ok & col_ok[None, :], other=0.0)
+        acc += tl.load(
+            queries_ptr + block_rows * query_width + cols[None, :], mask=row_ok & query_ok[None, :], other=0.0
+        )
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=col_ok)

@@ -169,7 +169,7 @@ def output_kernel(
                     neighbour_ok = neighbour_ok & (tl.load(mask_base + neighbours, mask=neighbour_ok, other=0) != 0)
                 value = _load_tile(v_base, neighbours, neighbour_ok[None, :, None] & channel_ok, stride_n, channels)
                 weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
-                out += value * weight
+                out = tl.fma(value, weight, out)
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
         tl.store(out_base + rows[None, :, None] * out_stride_n + channels, out, mask=ok)

@@ -36,7 +36,8 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 )
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
-SUM_BLOCK = 256  # columns per program of the final sum of the small gradients
+SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
+SUM_ROWS = 8  # rows it adds per step
 
 
 @dataclasses.dataclass
@@ -251,10 +252,25 @@ def backward_plan(
             "grid_h": grid_h, "grid_w": grid_w, "feature_eps": feature_eps,
         },  # fmt: skip
         {
-            **sizes, **common, "K": kernel_size, "KK_PAD": triton.next_power_of_2(kernel_size * kernel_size),
-            "HAS_POS": key_position is not None, "HAS_MASK": mask is not None, "HAS_DWC": dwc_weight is not None,
+            **sizes, **common, "K": kernel_size, "HAS_POS": key_position is not None, "HAS_MASK": mask is not None,
+            "HAS_DWC": dwc_weight is not None,
         },  # fmt: skip
         lambda block: (chunks, trips(block)),
+    )
+    weight = Launch(
+        "dwc_weight_grad",
+        triton_backward.dwc_weight_grad_kernel,
+        (batch, chunks, kernel_size * kernel_size),
+        {
+            "qkv_ptr": qkv, "mask_ptr": _optional(mask, qkv), "do_ptr": grad_out, "grads_ptr": key_grads,
+            "N": tokens, "stride_b": qkv.stride(0), "stride_n": qkv.stride(1), "do_stride_b": grad_out.stride(0),
+            "do_stride_n": grad_out.stride(1), "mask_stride_b": tokens, "prefix": num_prefix_tokens, "chunk": chunk,
+            "grads_width": width, "grid_h": grid_h, "grid_w": grid_w,
+        },  # fmt: skip
+        {
+            key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")
+        } | {"K": kernel_size, "HAS_MASK": mask is not None},
+        lambda block: (trips(block),),
     )
     total = Launch(
         "sum_grads",
@@ -264,9 +280,10 @@ def backward_plan(
             "keys_ptr": key_grads, "queries_ptr": query_grads, "out_ptr": small_grads, "rows": batch * chunks,
             "width": width, "query_width": channels,
         },  # fmt: skip
-        {"BLOCK": SUM_BLOCK},
-        lambda block: (batch * chunks,),
+        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS},
+        lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
         tuned=False,
         num_warps=4,
     )
-    return [query, key_value, total], grad_qkv, small_grads
+    launches = [query, key_value] + ([weight] if dwc_weight is not None else []) + [total]
+    return launches, grad_qkv, small_grads
