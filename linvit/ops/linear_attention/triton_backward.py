@@ -10,8 +10,8 @@ Four launches:
   channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and reduced once
   per program.
 - ``dwc_weight_grad_kernel`` (grid batch × chunk × tap): the DWC weight's gradient Σ v · dL/dout(shifted), one tap
-  per program, accumulated elementwise in registers over the chunk and reduced once (a reduction per tap and tile
-  inside the key kernel cost more than the rest of the backward together).
+  per program, from a tensor-core product of the raw tiles accumulated over the chunk, whose diagonal is taken once
+  (a reduction per tap and tile inside the key kernel cost more than the rest of the backward together).
 - ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
 """
 
@@ -239,10 +239,12 @@ def dwc_weight_grad_kernel(
     BLOCK_N: tl.constexpr,
     K: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HALF_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """The DWC weight's gradient for tap ``program_id(2)`` over the tokens of chunk t of batch element b:
     Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a head, summed over the heads (v zero at masked and class
-    tokens). Products accumulate in registers over the chunk and are reduced once, at the end."""
+    tokens)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     tap = tl.program_id(2)
@@ -250,7 +252,7 @@ def dwc_weight_grad_kernel(
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
-    acc = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -258,13 +260,22 @@ def dwc_weight_grad_kernel(
         keep = (rows < stop) & (rows >= prefix)
         if HAS_MASK:
             keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
-        v = _load_tile(v_base, rows, keep[None, :, None] & channel_ok, stride_n, channels)
+        v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
+                    other=0.0)  # fmt: skip
         sources, source_ok = _neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K)
-        g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
-        acc = tl.fma(v, g, acc)
+        g = tl.load(do_base + sources[None, :, None] * do_stride_n + channels,
+                    mask=source_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+        # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a
+        # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
+        # instructions than converting both tiles and multiplying elementwise
+        if HALF_DOT:
+            acc = tl.dot(tl.permute(v, (0, 2, 1)), g.to(v.dtype), acc)
+        else:
+            acc = tl.dot(tl.permute(v.to(tl.float32), (0, 2, 1)), g.to(tl.float32), acc, input_precision=DOT_PRECISION)
     dims = tl.arange(0, D_PAD)
+    diagonal = tl.sum(tl.sum(tl.where(dims[None, :, None] == dims[None, None, :], acc, 0.0), axis=2), axis=0)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width + H * D
-    tl.store(row + dims * (K * K) + tap, tl.sum(tl.sum(acc, axis=1), axis=0), mask=dims < D)
+    tl.store(row + dims * (K * K) + tap, diagonal, mask=dims < D)
 
 
 @triton.jit

@@ -268,8 +268,8 @@ def backward_plan(
             "grads_width": width, "grid_h": grid_h, "grid_w": grid_w,
         },  # fmt: skip
         {
-            key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")
-        } | {"K": kernel_size, "HAS_MASK": mask is not None},
+            key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD", "DOT_PRECISION")
+        } | {"K": kernel_size, "HAS_MASK": mask is not None, "HALF_DOT": qkv.dtype != torch.float32 and not interpreting()},
         lambda block: (trips(block),),
     )
     total = Launch(
