@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from linvit.ops.linear_attention.triton_tiles import (
-    _broadcast_columns,
     _channels,
     _feature_grad,
     _features,
@@ -83,11 +82,10 @@ def query_grad_kernel(
     channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
     inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
     s, z = _reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
-    z_columns = _broadcast_columns(z, D_PAD)
     s_t = tl.permute(s, (0, 2, 1))
     acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
-    acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
-    acc_dinv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc_dz = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -97,9 +95,9 @@ def query_grad_kernel(
         g = _load_tile(do_base, rows, ok, do_stride_n, channels)
         phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
-        den = tl.dot(phi, z_columns, input_precision=DOT_PRECISION) + eps
-        dnum = g / den
-        dden = -tl.sum(dnum * num, axis=2) / tl.max(den, axis=2)  # every column of den is the same normaliser
+        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # (a z-column product, as in the forward, holds 32 more
+        dnum = g / den[:, :, None]  # registers per thread and spills here)
+        dden = -tl.sum(dnum * num, axis=2) / den
         dphi = tl.dot(dnum, s_t, input_precision=DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dq_base + rows[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
@@ -107,11 +105,11 @@ def query_grad_kernel(
             acc_ds = tl.dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds)
         else:
             acc_ds = tl.dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, input_precision=DOT_PRECISION)
-        acc_dz += dden[:, :, None] * phi
-        acc_dinv += tl.where(ok, dinv, 0.0)
+        acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
+        acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    _store_state(ds_ptr, dz_ptr, slot, acc_ds, tl.sum(acc_dz, axis=1), H, D, H_PAD, D_PAD)
-    _store_row(grads_ptr + slot * (H * D), tl.sum(acc_dinv, axis=1), H, D, H_PAD, D_PAD)
+    _store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, H, D, H_PAD, D_PAD)
+    _store_row(grads_ptr + slot * (H * D), acc_dinv, H, D, H_PAD, D_PAD)
 
 
 @triton.jit
@@ -177,8 +175,8 @@ def key_value_grad_kernel(
     inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
     gs, gz = _reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
     gs_t = tl.permute(gs, (0, 2, 1))
-    acc_dinv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
-    acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
+    acc_b = tl.zeros([H_PAD, D_PAD], tl.float32)
     start = t * chunk
     stop = tl.minimum(start + chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -194,9 +192,10 @@ def key_value_grad_kernel(
         dphi = tl.dot(v, gs_t, input_precision=DOT_PRECISION) + gz[:, None, :]
         phi, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dk_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
-        acc_dinv += tl.where(keep_ok, dinv, 0.0)
+        acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
-        dv = tl.dot(phi, gs, input_precision=DOT_PRECISION)
+        # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
+        dv = tl.permute(tl.dot(gs_t, tl.permute(phi, (0, 2, 1)), input_precision=DOT_PRECISION), (0, 2, 1))
         if HAS_DWC:  # the transposed conv: dv[n] += w[tap] · g[n - offset(tap)]
             for tap in tl.static_range(K * K):
                 sources, source_ok = _neighbour_rows(
@@ -205,12 +204,13 @@ def key_value_grad_kernel(
                 g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
                 weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
                 dv = tl.fma(g, weight, dv)
-            acc_b += tl.where((rows >= prefix)[None, :, None], _load_tile(do_base, rows, ok, do_stride_n, channels), 0.0)
+            own = _load_tile(do_base, rows, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
+            acc_b += tl.sum(own, axis=1)
         tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
-    _store_row(row, tl.sum(acc_dinv, axis=1), H, D, H_PAD, D_PAD)
+    _store_row(row, acc_dinv, H, D, H_PAD, D_PAD)
     if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K
-        tl.store(row + H * D + D * K * K + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0),
+        tl.store(row + H * D + D * K * K + tl.arange(0, D_PAD), tl.sum(acc_b, axis=0),
                  mask=tl.arange(0, D_PAD) < D)  # fmt: skip
 
 
