@@ -301,3 +301,20 @@ def test_module_compiles_without_graph_breaks(backend):
     torch.testing.assert_close(compiled(x, (5, 6)), module(x, (5, 6)))
     compiled(x, (5, 6)).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
+def test_key_masks_of_other_dtypes_give_the_same_result_or_a_clear_error(backend):
+    """0/1 integer masks equal the bool mask on every backend (the fused kernels read mask bytes: an int32 mask was
+    silently misread there before); a float mask is refused with the fix named."""
+    qkv, kwargs = _inputs(CASES["focused"], dtype=torch.float32)
+    device = TRITON_DEVICE if backend == "triton" else torch.device("cpu")
+    qkv, kwargs = _cast(qkv, kwargs, torch.float32, device)
+    mask = kwargs.pop("key_mask")
+    with torch.no_grad():
+        expected = linear_attention_qkv(qkv, key_mask=mask, backend=backend, **kwargs)
+        for dtype in (torch.int32, torch.int64, torch.uint8):
+            got = linear_attention_qkv(qkv, key_mask=mask.to(dtype), backend=backend, **kwargs)
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        with pytest.raises(TypeError, match="mask > 0.5"):
+            linear_attention_qkv(qkv, key_mask=mask.float(), backend=backend, **kwargs)

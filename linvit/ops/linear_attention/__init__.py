@@ -8,12 +8,13 @@ name in this package: this file uses only names imported from torch, never `torc
 from __future__ import annotations
 
 from torch import SymInt, Tensor
+from torch import bool as torch_bool
 
 from linvit.ops._backend import resolve_backend
 from linvit.ops.linear_attention import naive
 from linvit.ops.linear_attention import torch as eager
 
-__all__ = ["FEATURE_MAPS", "linear_attention_qkv"]
+__all__ = ["FEATURE_MAPS", "boolean_key_mask", "linear_attention_qkv"]
 
 FEATURE_MAPS: tuple[str, ...] = ("focused", "relu", "elu")
 
@@ -65,6 +66,20 @@ def _check(
         raise ValueError(f"key_mask must be (B, N) = {tuple(qkv.shape[:2])} bool, got {tuple(key_mask.shape)}.")
 
 
+def boolean_key_mask(key_mask: Tensor | None) -> Tensor | None:
+    """The key mask every backend receives: bool as given, 0/1 integers as bool (non-zero keeps); any other dtype is
+    an error (a float mask is ambiguous: a soft weight or a threshold?). One check for all backends: the fused
+    kernels read the mask's bytes, so an int32 or float mask would otherwise be silently misread."""
+    if key_mask is None or key_mask.dtype == torch_bool:
+        return key_mask
+    if key_mask.dtype.is_floating_point or key_mask.dtype.is_complex:
+        raise TypeError(
+            f"key_mask must be bool (True = keep) or 0/1 integers, got {key_mask.dtype}; pass mask > 0.5 (or "
+            "mask.bool()) for a float mask."
+        )
+    return key_mask != 0
+
+
 def _grid(hw: tuple[int, int]) -> tuple[int, int]:
     """(H, W) as ints; symbolic sizes (torch.export with dynamic H and W) stay symbolic instead of specialising."""
     if isinstance(hw[0], SymInt) or isinstance(hw[1], SymInt):
@@ -106,8 +121,8 @@ def linear_attention_qkv(
         key_position: (N - prefix, C), or (B, N - prefix, C), added to the keys of the spatial tokens before the map.
         dwc_weight, dwc_bias: (d, 1, k, k) and (d,): the depthwise conv of v shared by the heads, added to the
             output of the spatial tokens; None for none.
-        key_mask: (B, N) bool, True = keep; masked keys (padding) take no part in S and z, and masked values are
-            zero for the DWC.
+        key_mask: (B, N) bool, True = keep (0/1 integers are taken as bool; other dtypes are an error); masked keys
+            (padding) take no part in S and z, and masked values are zero for the DWC.
         num_prefix_tokens: leading tokens (class tokens) that attend and are attended to but have no position: no
             key_position, no DWC.
         eps: added to the normaliser φ(q)·z; feature_eps: added after the ReLU of the focused map.
@@ -116,6 +131,7 @@ def linear_attention_qkv(
         backend: "auto", "torch", "triton" or "naive" (see :mod:`linvit.ops`).
     """
     _check(qkv, hw, num_heads, feature_map, inverse_temperature, key_position, dwc_weight, key_mask, num_prefix_tokens)
+    key_mask = boolean_key_mask(key_mask)
     arguments = {
         "hw": _grid(hw),
         "num_heads": num_heads,
