@@ -1,128 +1,256 @@
-"""What the GPU compiler says about linvit's Triton kernels, without a GPU: registers, spills, shared memory.
+"""What the GPU compiler makes of linvit's Triton kernels, without a GPU: registers, spills, shared memory, and (with
+``--cost``) the warp-instructions each launch issues per token, as a real launch at a given shape would run them.
 
-Compiles every kernel of `linvit.ops.linear_attention` ahead of time for a CUDA target (Triton ships ptxas, so no
-GPU or CUDA toolkit is needed) with the launch configurations `linvit.ops.linear_attention.triton` uses, and reads the
-resource usage of the resulting cubin. Spilled registers (a non-zero stack) turn register traffic into local-memory
-traffic, which is what an IO-bound kernel cannot afford; this is the check to run after changing a kernel.
+Every kernel of `linvit.ops.linear_attention` is compiled ahead of time for sm_90 (Triton ships ptxas and nvdisasm,
+so no GPU or CUDA toolkit is needed) from the same launch plans the custom ops run (`triton_launch.py`), for every
+tile configuration of the autotune space, with the divisibility attributes a launch gives its arguments.
 
-    python -m benchmarks.kernel_resources                      # sm_90 (H100/H200), the usual shapes
-    python -m benchmarks.kernel_resources --arch 80 --head-dims 32,64 --heads 3,4 --maps focused
+    python -m benchmarks.kernel_resources                  # registers and spills, every config, usual head dims
+    python -m benchmarks.kernel_resources --cost           # the cost figure; writes kernel_cost_sm90.md
+    python -m benchmarks.kernel_resources --cost --json    # ... and prints it as one JSON object
 
-Prints a markdown table; exits with status 1 when any kernel spills.
+The cost figure counts, per kernel and for the configuration with the fewest instructions that does not spill
+(what autotune is expected to pick; on a GPU it measures), the dynamic warp-instructions per token (each SASS
+instruction weighted by the trip counts of its loops at the shape, × warps × programs, / B·N), programs, waves at
+the resident capacity, and a predicted time at 50% of the H200's issue rate. Exits with status 1 when a chosen
+configuration spills.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
 import os
-import subprocess
 import sys
-import tempfile
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU even where tests run the interpreter
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import torch  # noqa: E402
 
-from linvit.ops.linear_attention import triton as fused  # noqa: E402
-from linvit.ops.linear_attention import triton_backward, triton_forward  # noqa: E402
+from linvit.bench.kernel_cost import H200_ISSUE_RATE, H200_MULTIPROCESSORS, KernelCost, kernel_cost  # noqa: E402
+from linvit.ops.linear_attention import triton_launch  # noqa: E402
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU  # noqa: E402
 
-_FLOAT_ARGUMENTS = ("eps", "feature_eps")
 _MAPS = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _signature(fn, constants: dict, pointer_types: dict) -> tuple[dict, dict]:
-    names = [parameter.name for parameter in fn.params]
-    signature = {}
-    for name in names:
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = pointer_types.get(name, "*fp32")
-        elif name in _FLOAT_ARGUMENTS:
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    return signature, {(names.index(name),): value for name, value in constants.items()}
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One attention call: batch, heads × head dim, map, input dtype, DWC size, feature map."""
+
+    name: str
+    batch: int
+    heads: int
+    head_dim: int
+    hw: tuple[int, int]
+    dtype: str = "bf16"
+    kernel_size: int = 5
+    feature_map: str = "focused"
+
+    @property
+    def tokens(self) -> int:
+        return self.hw[0] * self.hw[1]
 
 
-def _usage(fn, constants: dict, pointer_types: dict, num_warps: int, arch: int) -> dict:
-    signature, constexprs = _signature(fn, constants, pointer_types)
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps},
+SHAPES = (
+    Shape("benchmark (B=8, C=128, 4×32 heads, 256², bf16, 5×5 DWC)", 8, 4, 32, (256, 256)),
+    Shape("linvit_tiny stage 1 (B=8, C=64, 2×32 heads, 256², bf16, 5×5 DWC)", 8, 2, 32, (256, 256)),
+)
+
+
+def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.Launch]]:
+    """The forward and backward launches of one shape, planned on meta tensors (nothing is allocated): a positional
+    table shared by the batch, a DWC with bias, no key mask: what FocusedLinearAttention runs."""
+    meta = {"device": "meta"}
+    channels = shape.heads * shape.head_dim
+    qkv = torch.empty(shape.batch, shape.tokens, 3 * channels, dtype=_DTYPES[shape.dtype], **meta)
+    inverse = torch.empty(channels, **meta)
+    position = torch.empty(1, shape.tokens, channels, **meta)
+    weight = torch.empty(shape.head_dim, 1, shape.kernel_size, shape.kernel_size, **meta)
+    bias = torch.empty(shape.head_dim, **meta)
+    options = (shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6)
+    forward, out, partials = triton_launch.forward_plan(
+        qkv, inverse, position, weight, bias, None, *options, False, multiprocessors=H200_MULTIPROCESSORS
     )
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        report = subprocess.run([tool, "-res-usage", cubin.name], capture_output=True, text=True, check=True).stdout
-    fields = dict(item.split(":") for item in next(line for line in report.splitlines() if "REG:" in line).split())
-    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "shared": compiled.metadata.shared}
+    backward, _, _ = triton_launch.backward_plan(
+        out, qkv, partials, inverse, position, weight, None, *options, multiprocessors=H200_MULTIPROCESSORS
+    )
+    return forward, backward
 
 
-def kernel_cases(head_dim: int, heads: int, feature_map: str, dtype: str) -> list[tuple[str, object, dict, dict, int]]:
-    """(name, kernel, compile-time constants, pointer types, warps) of every kernel for one shape, as launched."""
-    channels = heads * head_dim
-    sizes = fused.kernel_sizes(channels, head_dim, dtype != "fp32")
-    dims = fused.compile_time_sizes(sizes)
-    data = {"qkv_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", "dqkv_ptr": f"*{dtype}"}
-    data["mask_ptr"] = "*u8"
-    flags = {"MAP": _MAPS[feature_map], "POWER": 3.0}
-    cases = []
-    for name, kernel in (
-        ("state", triton_forward.state_kernel),
-        ("output", triton_forward.output_kernel),
-        ("state_grad", triton_backward.state_grad_kernel),
-        ("query_grad", triton_backward.query_grad_kernel),
-        ("key_value_grad", triton_backward.key_value_grad_kernel),
-    ):
-        block, warps = fused.launch_config(name, sizes["D_PAD"])
-        constants = {**dims, **flags, "BLOCK_N": block}
-        if name in ("state", "output"):
-            constants["PRESCALED"] = False
-        if name in ("state", "key_value_grad"):
-            constants["HAS_POS"] = True
-        if name in ("state", "output", "key_value_grad"):
-            constants["HAS_MASK"] = True
-        if name in ("output", "key_value_grad"):
-            constants.update(K=5, HAS_DWC=True)
-        if name == "output":
-            constants["HAS_BIAS"] = True
-        if name == "key_value_grad":
-            constants["KK_PAD"] = 32
-        if name in ("query_grad", "key_value_grad"):
-            constants["H_PAD"] = triton.next_power_of_2(heads)
-        cases.append((name, kernel, constants, data, warps))
-    return cases
+# torch ops the custom ops launch beside their kernels for this call (FocusedLinearAttention in training): the
+# backward sums the positional table's gradient over the batch (one reduction); the forward launches none.
+TORCH_LAUNCHES = {"forward": 0, "backward": 1}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _configs(launch: triton_launch.Launch) -> list[tuple[int, int, int]]:
+    return list(triton_launch.TILE_CONFIGS) if launch.tuned else [(0, launch.num_warps, 1)]
+
+
+def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[tuple[tuple[int, int, int], KernelCost]]:
+    """(config, cost) of a launch for every configuration of its autotune space."""
+    results = []
+    for block, warps, stages in _configs(launch):
+        constants, args = dict(launch.constants), dict(launch.args)
+        if launch.tuned:
+            constants["BLOCK_N"] = block
+            args["N_BUCKET"] = 1 << max(tokens - 1, 0).bit_length()
+        cost = kernel_cost(launch.kernel, args, constants, launch.grid, launch.loops(block), warps, stages, arch)
+        results.append(((block, warps, stages), cost))
+    return results
+
+
+def best(costs: list[tuple[tuple[int, int, int], KernelCost]]) -> tuple[tuple[int, int, int], KernelCost]:
+    """The configuration with the fewest instructions among those that do not spill (all, if every one does)."""
+    clean = [item for item in costs if item[1].spill_bytes == 0] or costs
+    return min(clean, key=lambda item: item[1].instructions)
+
+
+def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
+    """The cost figure of every shape: per kernel the chosen config and its counts; per pass the totals."""
+    figure = {"arch": arch, "shapes": []}
+    for shape in shapes:
+        tokens = shape.batch * shape.tokens
+        entry = {"shape": dataclasses.asdict(shape), "kernels": [], "passes": {}}
+        for pass_name, launches in zip(("forward", "backward"), plans(shape)):
+            total = 0.0
+            for launch in launches:
+                config, cost = best(launch_costs(launch, shape.tokens, arch))
+                total += cost.instructions
+                entry["kernels"].append(
+                    {
+                        "pass": pass_name, "kernel": launch.name, "block_n": config[0], "num_warps": config[1],
+                        "num_stages": config[2], "registers": cost.registers, "spill_bytes": cost.spill_bytes,
+                        "shared_bytes": cost.shared_bytes, "programs": cost.programs,
+                        "resident_per_sm": cost.resident_per_sm, "waves": cost.waves(),
+                        "instructions_per_token": cost.instructions / tokens,
+                    }  # fmt: skip
+                )
+            entry["passes"][pass_name] = {
+                "instructions_per_token": total / tokens,
+                "launches": len(launches) + TORCH_LAUNCHES[pass_name],
+                "predicted_ms_at_half_issue_rate": total / (0.5 * H200_ISSUE_RATE) * 1e3,
+            }
+        figure["shapes"].append(entry)
+    return figure
+
+
+def max_spill_bytes(head_dims=(16, 32, 64), heads: int = 4, arch: int = 90) -> int:
+    """The largest spill of the chosen configurations of every kernel for head dims ≤ 64 (benchmark map size)."""
+    worst = 0
+    for head_dim in head_dims:
+        shape = Shape(f"{heads}×{head_dim}", 8, heads, head_dim, (256, 256))
+        for launches in plans(shape):
+            for launch in launches:
+                worst = max(worst, best(launch_costs(launch, shape.tokens, arch))[1].spill_bytes)
+    return worst
+
+
+def summary(figure: dict, spill_bytes: int) -> dict:
+    """The headline numbers (the first shape is the benchmark shape)."""
+    passes = figure["shapes"][0]["passes"]
+    return {
+        "forward_instructions_per_token": round(passes["forward"]["instructions_per_token"], 1),
+        "backward_instructions_per_token": round(passes["backward"]["instructions_per_token"], 1),
+        "forward_launches": passes["forward"]["launches"],
+        "backward_launches": passes["backward"]["launches"],
+        "max_spill_bytes_head_dim_le_64": spill_bytes,
+        "forward_predicted_ms": round(passes["forward"]["predicted_ms_at_half_issue_rate"], 3),
+        "backward_predicted_ms": round(passes["backward"]["predicted_ms_at_half_issue_rate"], 3),
+    }
+
+
+def markdown(figure: dict, headline: dict) -> str:
+    """The cost figure as the markdown of benchmarks/results/cuda/kernel_cost_sm90.md."""
+    import triton
+
+    lines = [
+        f"# Triton kernel cost on sm_{figure['arch']}, counted without a GPU",
+        "",
+        f"{datetime.date.today().isoformat()}, Triton {triton.__version__}, torch {torch.__version__}. Command: "
+        "`python -m benchmarks.kernel_resources --cost`. Dynamic warp-instructions per token: each SASS instruction "
+        "weighted by its loops' trip counts at the shape, × warps × programs, / B·N. Per kernel, the tile config "
+        "with the fewest instructions that does not spill (autotune decides on a GPU). Predicted time: the "
+        "instructions at 50% of the H200's issue rate (1.05e12 warp-instructions/s).",
+        "",
+        f"Headline (benchmark shape): forward {headline['forward_instructions_per_token']} / backward "
+        f"{headline['backward_instructions_per_token']} warp-instructions per token (targets ≤ 500 / ≤ 1,500; the "
+        f"first kernel set: 1,950 / 7,449), launches {headline['forward_launches']} / "
+        f"{headline['backward_launches']} (targets ≤ 3 / ≤ 5), largest spill at head_dim ≤ 64: "
+        f"{headline['max_spill_bytes_head_dim_le_64']} B.",
+    ]
+    for entry in figure["shapes"]:
+        lines += ["", f"## {entry['shape']['name']}", ""]
+        lines.append(
+            "| pass | kernel | BLOCK_N × warps × stages | registers | spill B | shared B | programs | "
+            "resident/SM | waves | warp-instr/token |"
+        )
+        lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for kernel in entry["kernels"]:
+            config = f"{kernel['block_n'] or '-'} × {kernel['num_warps']} × {kernel['num_stages']}"
+            lines.append(
+                f"| {kernel['pass']} | {kernel['kernel']} | {config} | {kernel['registers']} | "
+                f"{kernel['spill_bytes']} | {kernel['shared_bytes']} | {kernel['programs']} | "
+                f"{kernel['resident_per_sm']} | {kernel['waves']:.2f} | {kernel['instructions_per_token']:.0f} |"
+            )
+        for name, totals in entry["passes"].items():
+            lines.append(
+                f"| **{name}** | {totals['launches']} launches | | | | | | | "
+                f"{totals['predicted_ms_at_half_issue_rate']:.3f} ms predicted | "
+                f"**{totals['instructions_per_token']:.0f}** |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _resource_table(args) -> int:
+    print("| map | heads × d | kernel | BLOCK_N × warps × stages | registers | spilled (stack bytes) | shared bytes |")
+    print("|---|---|---|---|---:|---:|---:|")
+    spills = 0
+    for feature_map in args.maps.split(","):
+        for heads in (int(h) for h in args.heads.split(",")):
+            for head_dim in (int(d) for d in args.head_dims.split(",")):
+                shape = Shape("", 2, heads, head_dim, (64, 64), args.dtype, feature_map=feature_map)
+                for launches in plans(shape):
+                    for launch in launches:
+                        for config, usage in launch_costs(launch, shape.tokens, args.arch):
+                            spills += usage.spill_bytes > 0
+                            print(
+                                f"| {feature_map} | {heads} × {head_dim} | {launch.name} | "
+                                f"{' × '.join(map(str, config))} | {usage.registers} | {usage.spill_bytes} | "
+                                f"{usage.shared_bytes} |",
+                                flush=True,
+                            )
+    return 1 if spills else 0
+
+
+def main(argv: list[str] | None = None, default_output: Path | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100/H200)")
+    parser.add_argument("--cost", action="store_true", help="the cost figure at the benchmark shapes")
+    parser.add_argument("--json", action="store_true", help="with --cost: print the figure as one JSON object")
+    parser.add_argument("--output", type=Path, default=default_output, help="with --cost: the markdown file")
     parser.add_argument("--head-dims", default="16,32,64,128")
     parser.add_argument("--heads", default="3,4,8")
     parser.add_argument("--maps", default="focused,relu")
     parser.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 inputs")
     args = parser.parse_args(argv)
-    print("| map | heads × d | kernel | BLOCK_N | warps | registers | spilled (stack bytes) | shared bytes |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    spills = 0
-    for feature_map in args.maps.split(","):
-        for heads in (int(h) for h in args.heads.split(",")):
-            for head_dim in (int(d) for d in args.head_dims.split(",")):
-                for name, kernel, constants, pointers, warps in kernel_cases(head_dim, heads, feature_map, args.dtype):
-                    usage = _usage(kernel, constants, pointers, warps, args.arch)
-                    spills += usage["stack"] > 0
-                    print(
-                        f"| {feature_map} | {heads} × {head_dim} | {name} | {constants['BLOCK_N']} | {warps} | "
-                        f"{usage['registers']} | {usage['stack']} | {usage['shared']} |",
-                        flush=True,
-                    )
-    return 1 if spills else 0
+    if not args.cost:
+        return _resource_table(args)
+    figure = cost_figure(arch=args.arch)
+    headline = summary(figure, max_spill_bytes(arch=args.arch))
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(markdown(figure, headline))
+    if args.json:
+        print(json.dumps({**headline, "figure": figure}, indent=1))
+    else:
+        print(markdown(figure, headline))
+    spilled = any(kernel["spill_bytes"] for entry in figure["shapes"] for kernel in entry["kernels"])
+    return 1 if spilled or headline["max_spill_bytes_head_dim_le_64"] else 0
 
 
 if __name__ == "__main__":
