@@ -9,4 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-exec python -m benchmarks.gpu --device cuda "$@"
+# python3: the GPU machines may have no `python` on the PATH
+exec python3 -m benchmarks.gpu --device cuda "$@"

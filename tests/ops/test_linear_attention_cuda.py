@@ -1,0 +1,74 @@
+"""The Triton kernels compiled on a real GPU (``pytest -m cuda``; skipped without CUDA).
+
+The interpreter tests (test_linear_attention.py) check the kernels' logic on the CPU in float32; these check what
+only a GPU shows: the compiled code (tensor-core products in bf16 operands or tf32, autotuned tile configs, the
+chunking at the GPU's size) against the naive reference, in bf16, fp16 and fp32, and whole models on the Triton
+backend against the torch backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_linear_attention import CASES, _assert_close, _cast, _inputs, _run
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# tf32 keeps 10 mantissa bits, bf16 7, fp16 10: the tolerances of each input dtype, relative to the largest value
+TOLERANCES = {torch.float32: (2e-3, 5e-3), torch.bfloat16: (3e-2, 6e-2), torch.float16: (1e-2, 3e-2)}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compiled_kernels_equal_naive(name, dtype):
+    qkv, kwargs = _inputs(CASES[name], batch=3)
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
+    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+    qkv_gpu, kwargs_gpu = _cast(qkv, kwargs, dtype, torch.device("cuda"))
+    out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
+    value_tolerance, grad_tolerance = TOLERANCES[dtype]
+    _assert_close(out.float().cpu(), expected, value_tolerance)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.float().cpu(), want, grad_tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_compiled_kernels_at_a_large_map_span_many_chunks(dtype):
+    """A 96×80 map over several programs per batch element: the partial states and their reduction as a GPU runs
+    them (the small cases fit one chunk)."""
+    case = {"feature_map": "focused", "hw": (96, 80), "heads": 4, "head_dim": 32, "kernel": 5, "mask": True}
+    qkv, kwargs = _inputs(case, dtype=torch.float32, batch=2)
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3)
+    expected, expected_grads = _run("torch", qkv, kwargs, grad_out)
+    qkv_gpu, kwargs_gpu = _cast(qkv, kwargs, dtype, torch.device("cuda"))
+    out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
+    value_tolerance, grad_tolerance = TOLERANCES[dtype]
+    _assert_close(out.float().cpu(), expected, value_tolerance)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.float().cpu(), want, grad_tolerance)
+
+
+@pytest.mark.parametrize("model_name", ["linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0"])
+def test_models_on_the_triton_backend_equal_the_torch_backend(model_name):
+    import timm
+
+    import linvit  # noqa: F401
+    from linvit.ops import use_backend
+
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, num_classes=10).cuda().train()
+    x = torch.randn(2, 3, 224, 224, device="cuda")
+    outputs, gradients = {}, {}
+    for backend in ("torch", "triton"):
+        model.zero_grad(set_to_none=True)
+        with use_backend(backend), torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.manual_seed(1)  # the same drop-path draws
+            out = model(x)
+        out.float().square().mean().backward()
+        outputs[backend] = out.float()
+        gradients[backend] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    _assert_close(outputs["triton"].cpu(), outputs["torch"].cpu(), 5e-2)
+    _assert_close(gradients["triton"].cpu(), gradients["torch"].cpu(), 1e-1)
