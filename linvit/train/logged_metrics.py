@@ -147,9 +147,14 @@ class ResumeLoggedMetrics(Callback):
         trainer._logger_connector._callback_metrics.update(self._loaded.get("callback_metrics", {}))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # the loops are restored now: a run resumed inside an epoch continues that epoch's sums
         loaded, self._loaded = self._loaded, None
-        if loaded and loaded.get("epoch_results"):
+        if not loaded:
+            return
+        # again: the sanity check, which runs after on_fit_start on a resume from the end of an epoch (a SIGTERM
+        # there), resets the trainer's metrics, and later checkpoints record them (train/loss_epoch of that epoch)
+        trainer._logger_connector._callback_metrics.update(loaded.get("callback_metrics", {}))
+        # the loops are restored now: a run resumed inside an epoch continues that epoch's sums
+        if loaded.get("epoch_results"):
             _restore_epoch_results(trainer, loaded["epoch_results"])
 
 

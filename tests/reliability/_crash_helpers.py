@@ -110,3 +110,43 @@ class SnapshotRunDir(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._snapshot("end")
+
+
+class SignalAtValidationEnd(Callback):
+    """Send ``signal_name`` to this process when the validation of epoch ``epoch`` has ended (after the
+    checkpoints it writes: the callbacks of the run come first)."""
+
+    def __init__(self, epoch: int, signal_name: str = "SIGTERM"):
+        self.epoch = int(epoch)
+        self.signal = getattr(signal, signal_name)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch:
+            os.kill(os.getpid(), self.signal)
+
+
+class SignalAtTrainEpochEnd(Callback):
+    """Send ``signal_name`` to this process at the end of training epoch ``epoch`` (``on_train_epoch_end``)."""
+
+    def __init__(self, epoch: int, signal_name: str = "SIGTERM"):
+        self.epoch = int(epoch)
+        self.signal = getattr(signal, signal_name)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            os.kill(os.getpid(), self.signal)
+
+
+class SignalDuringEpochSave(Callback):
+    """Send ``signal_name`` to this process while the checkpoint written at the end of epoch ``epoch``'s
+    validation is being saved (from ``on_save_checkpoint``, inside ``trainer.save_checkpoint``)."""
+
+    def __init__(self, epoch: int, signal_name: str = "SIGTERM"):
+        self.epoch = int(epoch)
+        self.signal = getattr(signal, signal_name)
+        self.sent = False
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if not self.sent and trainer.current_epoch == self.epoch and not trainer.sanity_checking:
+            self.sent = True
+            os.kill(os.getpid(), self.signal)

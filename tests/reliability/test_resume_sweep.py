@@ -5,7 +5,9 @@ linvit_nano on scikit-learn's digits at 16x16, 3 epochs x 3 steps, EMA on, every
 in one batch (the default batch size). At every moment (before each of the 9 training steps, inside each
 validation, after training):
 
-- SIGTERM: the run saves and exits, the same command resumes it;
+- SIGTERM: the run saves and exits, the same command resumes it; also at the epoch boundary (when a validation has
+  ended, at the end of the training epoch, while the validation's checkpoint is saved), with the default sanity
+  check, which runs again when such a run resumes;
 - SIGKILL: the run directory as a kill at that moment leaves it (a copy taken then by the uninterrupted run, resumed
   in the same place), which the same command resumes;
 
@@ -18,7 +20,14 @@ a ``SystemExit``); ``test_crash_resume.py`` has the same with real subprocesses 
 from __future__ import annotations
 
 import pytest
-from _crash_helpers import SignalAtStep, SignalDuringValidation, SnapshotRunDir
+from _crash_helpers import (
+    SignalAtStep,
+    SignalAtTrainEpochEnd,
+    SignalAtValidationEnd,
+    SignalDuringEpochSave,
+    SignalDuringValidation,
+    SnapshotRunDir,
+)
 from _run_state import assert_same_run, run_state
 from train_helpers import compose
 
@@ -45,14 +54,30 @@ SHORT_RUN = [
 VALIDATIONS = {
     "multi_batch_val": ["data.eval_batch_size=4", "+trainer.limit_val_batches=3"],
     "one_batch_val": ["+trainer.limit_val_batches=1"],
+    # the default sanity check, which runs again when a run resumes from the end of an epoch (and resets the
+    # trainer's metrics): the epoch-boundary moments below
+    "sanity_checked_val": ["data.eval_batch_size=4", "+trainer.limit_val_batches=3", "trainer.num_sanity_val_steps=1"],
 }
 STEPS = [f"step{k}" for k in range(STEPS_PER_EPOCH * EPOCHS)]
 IN_VALIDATION = [f"val{e}" for e in range(EPOCHS)]
 
 
+# the epoch boundary: when epoch e's validation has ended (after its checkpoints), at the end of the training epoch,
+# and while the checkpoint of that validation is being saved
+AT_EPOCH_END = [f"{where}{e}" for e in range(EPOCHS) for where in ("val_end", "epoch_end", "epoch_save")]
+_BOUNDARY_SIGNALS = {
+    "val_end": SignalAtValidationEnd,
+    "epoch_end": SignalAtTrainEpochEnd,
+    "epoch_save": SignalDuringEpochSave,
+}
+
+
 def _signal_at(moment: str, signal_name: str):
     if moment.startswith("step"):
         return SignalAtStep(int(moment[4:]), signal_name)
+    for where, signal_class in _BOUNDARY_SIGNALS.items():
+        if moment.startswith(where):
+            return signal_class(int(moment[len(where) :]), signal_name)
     return SignalDuringValidation(int(moment[3:]), signal_name)
 
 
@@ -84,7 +109,10 @@ def references(runs):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "validation, moment",
-    [("multi_batch_val", moment) for moment in STEPS + IN_VALIDATION] + [("one_batch_val", m) for m in STEPS],
+    [("multi_batch_val", moment) for moment in STEPS + IN_VALIDATION]
+    + [("one_batch_val", m) for m in STEPS]
+    # the resumed run's checkpoints lacked train/loss_epoch in ResumeLoggedMetrics' state (the sanity check reset it)
+    + [("sanity_checked_val", m) for m in AT_EPOCH_END],
 )
 def test_sigterm_then_resume_matches_the_uninterrupted_run(runs, references, validation, moment):
     reference = references(validation)
