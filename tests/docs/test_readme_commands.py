@@ -324,24 +324,53 @@ def _run_directory_files() -> list[str]:
     return [name for row in markdown_table("| file | what |")[1:] for name in re.findall(r"`([^`]+)`", row[0])]
 
 
+# What the README's results may differ by on another CPU (issue 22): a run is bit-identical on one machine, but MKL and
+# ATen pick their code by CPU vendor and instruction set, so the initial weights and every step differ in the last
+# bits and training amplifies that. Measured: an Intel Xeon (AVX-512) ends the digits run with the README's 99.44% /
+# 98.89% and the segmentation run with mIoU 0.9430 against the README's 0.9431 (recorded on AMD EPYC). Allowed: one
+# percentage point of top-1/top-5 (3.6 of the 360 test images) and 0.01 of mIoU.
+README_ACCURACY_TOLERANCE = 1.0  # percentage points
+README_MIOU_TOLERANCE = 0.01
+_PERCENTS = re.compile(r"top-1 ([\d.]+)%\s+top-5 ([\d.]+)%")
+
+
 def _check_the_printed_result(output: str) -> None:
-    """The default run ends as the README's ```text block says (same seed, same kind of machine)."""
+    """The default run ends as the README's ```text block says (same seed; top-1 and top-5 within
+    ``README_ACCURACY_TOLERANCE`` points, the loss not compared)."""
     from readme import readme_text
 
     (expected,) = [b.text for b in code_blocks("text") if "test: top-1" in b.text]
     for prefix in ("test: top-1", "test (EMA weights): top-1"):
         want = next(line for line in expected.splitlines() if line.startswith(prefix))
         got = next(line for line in output.splitlines() if line.startswith(prefix))
-        assert got.split("loss")[0] == want.split("loss")[0], (got, want)
+        for measured, stated in zip(*(map(float, _PERCENTS.search(line).groups()) for line in (got, want))):
+            assert abs(measured - stated) <= README_ACCURACY_TOLERANCE, (got, want)
     assert "99.44%" in readme_text()
 
 
 def _check_the_segmentation_result(output: str) -> None:
+    """The synthetic segmentation run ends with the README's mIoU, within ``README_MIOU_TOLERANCE``."""
     from readme import readme_text
 
     got = re.search(r"^test/mIoU: (\d\.\d+)$", output, re.MULTILINE)
     assert got, output[-2000:]
-    assert f"test/mIoU: {got.group(1)}" in readme_text(), f"README's segmentation mIoU is not {got.group(1)}"
+    stated = re.search(r"run\s+ends\s+with\s+`test/mIoU: (\d\.\d+)`", readme_text())
+    assert stated, "the README states the synthetic task's test/mIoU"
+    measured, expected = float(got.group(1)), float(stated.group(1))
+    assert abs(measured - expected) <= README_MIOU_TOLERANCE, f"test/mIoU {measured}, the README says {expected}"
+
+
+def test_readme_results_are_compared_within_the_stated_tolerance():
+    """The slow tier's checks of the README's results (issue 22): another CPU's last bits pass, a real change fails."""
+    (block,) = [b.text for b in code_blocks("text") if "test: top-1" in b.text]
+    _check_the_printed_result(block)
+    nearby = block.replace("top-1 99.44%", "top-1 99.17%").replace("top-1 98.89%", "top-1 99.44%")  # 1-2 images
+    _check_the_printed_result(nearby.replace("loss 0.1118", "loss 0.1131"))
+    with pytest.raises(AssertionError):
+        _check_the_printed_result(block.replace("top-1 99.44%", "top-1 98.33%"))
+    _check_the_segmentation_result("test/mIoU: 0.9430\n")
+    with pytest.raises(AssertionError):
+        _check_the_segmentation_result("test/mIoU: 0.9100\n")
 
 
 def _ids(commands):
