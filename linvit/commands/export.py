@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
     )
+    parser.add_argument(
+        "--allow-non-finite", action="store_true", help="export weights that hold NaN/Inf (named in a warning)"
+    )
 
 
 def load_snippet(folder: Path) -> str:
@@ -32,6 +35,7 @@ def load_snippet(folder: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linvit.io import allow_non_finite_weights
     from linvit.train.export import CONFIG_NAME, export_checkpoint, find_checkpoint
 
     try:
@@ -43,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         out = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     try:
-        weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
+        with allow_non_finite_weights(args.allow_non_finite, opt_out="--allow-non-finite"):
+            weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
     except ValueError as error:
         sys.stderr.write(f"linvit export: {error}\n")
         return 2

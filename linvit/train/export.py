@@ -140,14 +140,18 @@ def export_checkpoint(
 
     ``ema``: export the EMA weights instead of the raw ones. ``trusted``: allow a checkpoint that runs code when
     loaded (see :func:`load_checkpoint`) or whose hyper-parameters name a model outside the registry or arguments
-    that load files (see :mod:`linvit.utils.saved_config`).
+    that load files (see :mod:`linvit.utils.saved_config`). Weights with NaN/Inf are refused, named (unless allowed
+    by :func:`linvit.io.allow_non_finite_weights`).
     """
     from safetensors.torch import save_file
+
+    from linvit.io import check_finite_weights
 
     checkpoint = load_checkpoint(checkpoint_path, trusted=trusted, opt_in=opt_in)
     if not trusted:  # config.json will name the model and its arguments: only registered ones that load nothing
         check_classifier_hparams(checkpoint.get("hyper_parameters") or {}, checkpoint_path, opt_in)
     weights = model_state_dict(checkpoint, ema=ema)
+    check_finite_weights(weights, str(checkpoint_path))
     config = timm_config(checkpoint)
     config["num_features"] = _num_features(config)
     out_dir = Path(out_dir)

@@ -95,3 +95,14 @@ def test_eval_names_non_finite_weights_and_exits_non_zero_on_non_finite_outputs(
     captured = capsys.readouterr()
     assert "computed NaN/Inf on the test split" in captured.err and "test/loss=nan" in captured.err
     assert "acc1" not in captured.out, "no metrics are reported"
+
+
+def test_export_names_non_finite_weights(tmp_path, capsys):
+    run, poisoned = _run_dir(tmp_path, poison=True)
+    command = ["export", str(run), "--out", str(tmp_path / "out")]
+    assert linvit_main(command) == 2
+    err = capsys.readouterr().err
+    assert poisoned[0].removeprefix("model.") in err and "--allow-non-finite" in err, err
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    with pytest.warns(UserWarning, match="NaN/Inf"):
+        assert linvit_main([*command, "--allow-non-finite"]) == 0
