@@ -1,6 +1,6 @@
-"""``python -m benchmarks.kernel_resources [--cost [--json]]``: registers, spills and (with --cost) the warp-instructions
-per token of every Triton kernel for sm_90, without a GPU (:mod:`linvit.bench.kernel_resources`); --cost writes
-benchmarks/results/cuda/kernel_cost_sm90.md."""
+"""``python -m benchmarks.kernel_resources [--cost [--json]]``: registers, spills and (with --cost) the
+warp-instructions per token of every Triton kernel for sm_90, without a GPU (:mod:`linvit.bench.kernel_resources`);
+--cost writes benchmarks/results/cuda/kernel_cost_sm90.md."""
 
 import sys
 from pathlib import Path

@@ -109,9 +109,9 @@ def match_unrolling(loops: list[Loop], sass_loads: list[int], ptx_loads: list[in
             extra -= 1
             continue
         source += 1
-        if source < len(ptx_loads) and ptx_loads[source] and loads > ptx_loads[source]:
-            if loads % ptx_loads[source] == 0:
-                loop.unroll = loads // ptx_loads[source]
+        known = source < len(ptx_loads) and ptx_loads[source]
+        if known and loads > ptx_loads[source] and loads % ptx_loads[source] == 0:
+            loop.unroll = loads // ptx_loads[source]
 
 
 def dynamic_count(
@@ -195,7 +195,9 @@ def launch_signature(fn, args: dict, constants: dict) -> tuple[dict, dict, dict]
         if hasattr(value, "dtype"):
             signature[name] = "*" + _TRITON_TYPES[str(value.dtype)]
             attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool) or isinstance(value, float):
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, float):
             signature[name] = "fp32"
         elif value == 1:
             signature[name] = "constexpr"

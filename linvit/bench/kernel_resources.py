@@ -123,12 +123,19 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
                 total += cost.instructions
                 entry["kernels"].append(
                     {
-                        "pass": pass_name, "kernel": launch.name, "block_n": config[0], "num_warps": config[1],
-                        "num_stages": config[2], "registers": cost.registers, "spill_bytes": cost.spill_bytes,
-                        "shared_bytes": cost.shared_bytes, "programs": cost.programs,
-                        "resident_per_sm": cost.resident_per_sm, "waves": cost.waves(),
+                        "pass": pass_name,
+                        "kernel": launch.name,
+                        "block_n": config[0],
+                        "num_warps": config[1],
+                        "num_stages": config[2],
+                        "registers": cost.registers,
+                        "spill_bytes": cost.spill_bytes,
+                        "shared_bytes": cost.shared_bytes,
+                        "programs": cost.programs,
+                        "resident_per_sm": cost.resident_per_sm,
+                        "waves": cost.waves(),
                         "instructions_per_token": cost.instructions / tokens,
-                    }  # fmt: skip
+                    }
                 )
             entry["passes"][pass_name] = {
                 "instructions_per_token": total / tokens,

@@ -10,8 +10,6 @@ Traffic per token (bf16, C channels): forward reads k|v (4C B) and q|v plus the 
 the output (2C B); backward reads q|k|v and dout (two passes, 14C B) and writes dq|dk|dv (6C B).
 """
 
-import functools
-
 import torch
 import triton
 from torch import Tensor
@@ -85,9 +83,7 @@ def _tuned(launch: triton_launch.Launch):
             triton.Config({"BLOCK_N": block}, num_warps=warps, num_stages=stages)
             for block, warps, stages in triton_launch.TILE_CONFIGS
         ]
-        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=["N_BUCKET", "H", "D", "MAP"])(
-            launch.kernel
-        )
+        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=["N_BUCKET", "H", "D", "MAP"])(launch.kernel)
     return _tuned_kernels[launch.name]
 
 
