@@ -146,18 +146,24 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
     return figure
 
 
-def max_spill_bytes(head_dims=(16, 32, 64), heads: int = 4, arch: int = 90) -> int:
-    """The largest spill of the chosen configurations of every kernel for head dims ≤ 64 (benchmark map size)."""
-    worst = 0
-    for head_dim in head_dims:
+SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (6, 32))
+
+
+def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> dict[str, int]:
+    """Per heads × head_dim (head_dim ≤ 64, benchmark map size): the largest spill among the kernels' chosen
+    configurations."""
+    spills = {}
+    for heads, head_dim in cases:
         shape = Shape(f"{heads}×{head_dim}", 8, heads, head_dim, (256, 256))
+        worst = 0
         for launches in plans(shape):
             for launch in launches:
                 worst = max(worst, best(launch_costs(launch, shape.tokens, arch))[1].spill_bytes)
-    return worst
+        spills[f"{heads}x{head_dim}"] = worst
+    return spills
 
 
-def summary(figure: dict, spill_bytes: int) -> dict:
+def summary(figure: dict, spills: dict[str, int]) -> dict:
     """The headline numbers (the first shape is the benchmark shape)."""
     passes = figure["shapes"][0]["passes"]
     return {
@@ -165,7 +171,8 @@ def summary(figure: dict, spill_bytes: int) -> dict:
         "backward_instructions_per_token": round(passes["backward"]["instructions_per_token"], 1),
         "forward_launches": passes["forward"]["launches"],
         "backward_launches": passes["backward"]["launches"],
-        "max_spill_bytes_head_dim_le_64": spill_bytes,
+        "max_spill_bytes_head_dim_le_64": max(spills.values()),
+        "spill_bytes_by_heads_x_head_dim": spills,
         "forward_predicted_ms": round(passes["forward"]["predicted_ms_at_half_issue_rate"], 3),
         "backward_predicted_ms": round(passes["backward"]["predicted_ms_at_half_issue_rate"], 3),
     }
@@ -189,6 +196,11 @@ def markdown(figure: dict, headline: dict) -> str:
         f"first kernel set: 1,950 / 7,449), launches {headline['forward_launches']} / "
         f"{headline['backward_launches']} (targets ≤ 3 / ≤ 5), largest spill at head_dim ≤ 64: "
         f"{headline['max_spill_bytes_head_dim_le_64']} B.",
+        "",
+        "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
+        + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
+        + ". A program holds every head of its tokens; above C = 128 channels its tiles and states no longer fit the "
+        "registers of the backward kernels.",
     ]
     for entry in figure["shapes"]:
         lines += ["", f"## {entry['shape']['name']}", ""]
@@ -248,7 +260,7 @@ def main(argv: list[str] | None = None, default_output: Path | None = None) -> i
     if not args.cost:
         return _resource_table(args)
     figure = cost_figure(arch=args.arch)
-    headline = summary(figure, max_spill_bytes(arch=args.arch))
+    headline = summary(figure, spill_bytes(arch=args.arch))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(markdown(figure, headline))
