@@ -11,6 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "exporting",
+    "symbolic_min",
+    "symbolic_window_layout",
+    "wrap_index",
     "check_heads",
     "check_token_grid",
     "clamp_window",
@@ -24,6 +28,25 @@ __all__ = [
     "window_token_index",
     "window_position_index",
 ]
+
+
+def exporting() -> bool:
+    """Whether `torch.export` is tracing: sizes may then be symbolic (dynamic H and W), and modules take branch-free
+    paths (always pad, always mask, windows as `symbolic_min` of window and map) instead of branching on the sizes, so
+    one exported program serves every size. Eager calls, TorchScript and FX keep their size-specialised fast paths.
+    """
+    if torch.jit.is_scripting():
+        return False
+    else:
+        return torch.compiler.is_exporting()
+
+
+def symbolic_min(a: int, b: int) -> int:
+    """min(a, b) that stays symbolic for symbolic sizes (`torch.sym_min`) instead of adding a guard."""
+    if torch.jit.is_scripting():
+        return min(a, b)
+    else:
+        return torch.sym_min(a, b)
 
 
 def to_pair(size, name: str) -> tuple[int, int]:
@@ -142,3 +165,47 @@ def window_position_index(
     row_offset = row_offset + torch.remainder(rows, window[0]) * window[1]
     col_offset = torch.div(cols, window[1], rounding_mode="floor") * tokens + torch.remainder(cols, window[1])
     return (row_offset.unsqueeze(1) + col_offset.unsqueeze(0)).reshape(-1)
+
+
+def wrap_index(index: Tensor, size: int) -> Tensor:
+    """index mod size for index in [-size, 2 size), by comparisons (exporters have no remainder by a symbolic size)."""
+    index = torch.where(index >= size, index - size, index)
+    return torch.where(index < 0, index + size, index)
+
+
+def symbolic_window_layout(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`window_token_index`, `window_position_index`, then per window position (num_windows * wh * ww,): whether it
+    holds a real (unpadded) token, and its row and column in the padded map rolled by -shift (Swin's mask regions).
+
+    For symbolic sizes (torch.export with dynamic H, W): the same indices with no branch on the sizes and no remainder
+    op. The window must be clamped to the map and the shift zero where the map is not larger.
+    """
+    height, width = hw
+    (wh, ww), (sh, sw) = window, shift
+    rows_of_windows, cols_of_windows = (height + wh - 1) // wh, (width + ww - 1) // ww
+    padded_h, padded_w = rows_of_windows * wh, cols_of_windows * ww
+    tokens = wh * ww
+    # every index is computed on a flat arange (no reshape of a permuted tensor: its strides would add guards)
+    position = torch.arange(padded_h * padded_w, device=device)  # window-major, row-major inside each window
+    window_index = torch.div(position, tokens, rounding_mode="floor")
+    inner = position - window_index * tokens
+    window_row = torch.div(window_index, cols_of_windows, rounding_mode="floor")
+    inner_row = torch.div(inner, ww, rounding_mode="floor")
+    rolled_row = window_row * wh + inner_row  # in the map rolled by -shift
+    rolled_col = (window_index - window_row * cols_of_windows) * ww + (inner - inner_row * ww)
+    row = wrap_index(rolled_row + sh, padded_h)  # in the map
+    col = wrap_index(rolled_col + sw, padded_w)
+    valid = (row < height) & (col < width)
+    token_index = row.clamp(max=height - 1) * width + col.clamp(max=width - 1)
+    token = torch.arange(height * width, device=device)
+    row = torch.div(token, width, rounding_mode="floor")
+    col = token - row * width
+    row = wrap_index(row - sh, padded_h)  # where each token lands in the rolled map
+    col = wrap_index(col - sw, padded_w)
+    row_of_windows = torch.div(row, wh, rounding_mode="floor")
+    col_of_windows = torch.div(col, ww, rounding_mode="floor")
+    window_index = row_of_windows * cols_of_windows + col_of_windows
+    position_index = window_index * tokens + (row - row_of_windows * wh) * ww + (col - col_of_windows * ww)
+    return token_index, position_index, valid, rolled_row, rolled_col

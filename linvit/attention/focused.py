@@ -24,8 +24,11 @@ from linvit.attention._windows import (
     check_heads,
     check_token_grid,
     clamp_window,
+    exporting,
     pad_grid,
     padding_valid_map,
+    symbolic_min,
+    symbolic_window_layout,
     to_pair,
     window_partition,
     window_reverse,
@@ -247,6 +250,8 @@ class FocusedLinearAttention(nn.Module):
 
     def _attend_windows(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> Tensor:
         height, width = hw
+        if exporting():  # symbolic sizes: no branch on them (a map within one window is one padded-free window)
+            return self._attend_windows_symbolic(x, hw, window)
         window = clamp_window(window, hw)
         if window[0] == height and window[1] == width:
             return self._attend(x, hw, None)
@@ -262,6 +267,22 @@ class FocusedLinearAttention(nn.Module):
         out = self._attend(windows, window, key_mask)
         out = window_reverse(out, window, padded_hw)[:, :height, :width, :]
         return out.reshape(-1, height * width, out.shape[-1])
+
+    @torch.jit.unused
+    def _attend_windows_symbolic(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> Tensor:
+        """`_attend_windows` without branches on the sizes (torch.export with dynamic H, W): the window is
+        min(window, map) per dimension, the map is always padded to whole windows and padded keys always masked (a
+        no-op where nothing is padded), so one program computes what the eager branches compute at every size. The
+        partition is a gather: padded positions repeat edge tokens, masked out as keys (zeros for the DWC) and
+        dropped as queries."""
+        batch, channels = x.shape[0], x.shape[-1]
+        wh, ww = symbolic_min(window[0], hw[0]), symbolic_min(window[1], hw[1])
+        windows_per_image, tokens = ((hw[0] + wh - 1) // wh) * ((hw[1] + ww - 1) // ww), wh * ww
+        token_index, position_index, valid, _, _ = symbolic_window_layout(hw, (wh, ww), (0, 0), x.device)
+        windows = x.index_select(1, token_index).view(batch * windows_per_image, tokens, channels)
+        key_mask = valid.view(windows_per_image, tokens).repeat(batch, 1)  # batch-major, like windows
+        out = self._attend(windows, (wh, ww), key_mask)
+        return out.view(batch, windows_per_image * tokens, out.shape[-1]).index_select(1, position_index)
 
     def _attend(self, x: Tensor, grid: tuple[int, int], key_mask: Tensor | None) -> Tensor:
         """Attention over all tokens of x (B', n, C) laid out as a (gh, gw) grid; returns projected (B', n, C)."""

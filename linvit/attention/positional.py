@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
 
+from linvit.attention._windows import exporting
 from linvit.ops._numerics import at_least_float32
 
 __all__ = ["resize_positional_table", "resize_relative_position_bias", "square_grid"]
@@ -27,7 +28,9 @@ def resize_positional_table(
     checkpoints' resolution changes) or bilinear (PVT's absolute position embeddings). Returns the table itself when
     the sizes agree.
     """
-    if table_size[0] == size[0] and table_size[1] == size[1]:
+    if exporting():  # sizes may be symbolic: always resample (bicubic and bilinear at the same size are exact)
+        pass
+    elif table_size[0] == size[0] and table_size[1] == size[1]:
         return table
     channels = table.shape[-1]
     image = at_least_float32(table.reshape(1, table_size[0], table_size[1], channels).permute(0, 3, 1, 2))

@@ -23,7 +23,16 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_heads, pad_grid, padding_valid_map, window_partition, window_reverse
+from linvit.attention._windows import (
+    check_heads,
+    exporting,
+    pad_grid,
+    padding_valid_map,
+    symbolic_min,
+    symbolic_window_layout,
+    window_partition,
+    window_reverse,
+)
 from linvit.attention.focused import FocusedLinearAttention
 
 __all__ = [
@@ -59,10 +68,23 @@ def stripe_window(direction: str, split_size: int, hw: tuple[int, int]) -> tuple
     """The (rows, columns) of one stripe of an (H, W) map: (H, split_size) vertical, (split_size, W) horizontal,
     (H, W) full; a stripe never wider than the map."""
     if direction == "vertical":
-        return hw[0], min(split_size, hw[1])
+        return hw[0], symbolic_min(split_size, hw[1])
     if direction == "horizontal":
-        return min(split_size, hw[0]), hw[1]
+        return symbolic_min(split_size, hw[0]), hw[1]
     return hw[0], hw[1]
+
+
+def _gather_stripes(x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """For symbolic sizes (torch.export): the (B * nW, n, C) stripes of (B, N, C) tokens by one gather, with padded
+    positions zero (the LePE convolution's own border), the (B * nW, n) bool of the real positions, and the gather
+    back to (B, N, C) (`index_select(1, ...)` on (B, nW * n, C)). No branch on the sizes."""
+    batch, channels = x.shape[0], x.shape[-1]
+    wh, ww = window
+    windows_per_image = ((hw[0] + wh - 1) // wh) * ((hw[1] + ww - 1) // ww)
+    token_index, position_index, valid, _, _ = symbolic_window_layout(hw, window, (0, 0), x.device)
+    valid = valid.view(windows_per_image, wh * ww).repeat(batch, 1)
+    stripes = x.index_select(1, token_index).view(batch * windows_per_image, wh * ww, channels)
+    return stripes * valid.unsqueeze(-1).to(stripes.dtype), valid, position_index
 
 
 class LePEAttention(nn.Module):
@@ -96,6 +118,9 @@ class LePEAttention(nn.Module):
         return stripe_window(self.direction, self.split_size, hw)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+            if exporting():  # symbolic sizes: no branch on them
+                return self._forward_symbolic(x, hw)
         batch = x.shape[0]
         height, width = hw
         window = self.stripe(hw)
@@ -123,6 +148,23 @@ class LePEAttention(nn.Module):
         out = (out + lepe).transpose(1, 2).reshape(num_windows, tokens, self.dim)
         out = window_reverse(out, window, padded_hw)[:, :height, :width, :]
         return out.reshape(batch, height * width, self.dim)
+
+    def _forward_symbolic(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """`forward` for symbolic sizes (torch.export with dynamic H, W): always padded (by one gather, see
+        `_gather_stripes`) and always masked; the same result at every size."""
+        batch = x.shape[0]
+        window = self.stripe(hw)
+        windows, valid, position_index = _gather_stripes(x, hw, window)
+        num_windows, tokens = windows.shape[0], windows.shape[1]
+        head_dim = self.dim // self.num_heads
+        q, k, v = windows.view(num_windows, tokens, 3, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # (B', heads, n, n)
+        attn = attn.masked_fill(~valid.view(num_windows, 1, 1, tokens), float("-inf"))  # padded keys take no part
+        out = self.attn_drop(attn.softmax(dim=-1)) @ v
+        v_image = windows[:, :, 2 * self.dim :].transpose(1, 2).reshape(num_windows, self.dim, window[0], window[1])
+        lepe = self.get_v(v_image).reshape(num_windows, self.num_heads, head_dim, tokens).transpose(2, 3)
+        out = (out + lepe).transpose(1, 2).reshape(num_windows, tokens, self.dim)
+        return out.view(batch, num_windows // batch * tokens, self.dim).index_select(1, position_index)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, split_size={self.split_size}, {self.direction}"
@@ -192,6 +234,12 @@ class FocusedLinearLePEAttention(nn.Module):
         """LePE per stripe: `get_v` on each (window) stripe of the (B, N, C) values, zero-padded at the stripe's
         border, as CSwin convolves each stripe on its own; (B, N, C) out."""
         batch = v.shape[0]
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+            if exporting():  # symbolic sizes: stripes by one gather, zeros at the padded positions
+                stripes, _, position_index = _gather_stripes(v, hw, window)
+                lepe = self.get_v(stripes.transpose(1, 2).reshape(stripes.shape[0], self.dim, window[0], window[1]))
+                lepe = lepe.flatten(2).transpose(1, 2)
+                return lepe.reshape(batch, -1, self.dim).index_select(1, position_index)
         pad_h = (window[0] - hw[0] % window[0]) % window[0]
         pad_w = (window[1] - hw[1] % window[1]) % window[1]
         padded_hw = (hw[0] + pad_h, hw[1] + pad_w)

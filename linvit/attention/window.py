@@ -24,7 +24,10 @@ from linvit.attention._windows import (
     aligned_length,
     check_heads,
     check_token_grid,
+    exporting,
     padded_grid_size,
+    symbolic_min,
+    symbolic_window_layout,
     to_pair,
     window_partition,
     window_position_index,
@@ -373,6 +376,8 @@ class WindowAttention(nn.Module):
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
         x = check_token_grid(x, hw)
+        if exporting():  # symbolic sizes (torch.export with dynamic H, W): no branch on them
+            return self._forward_symbolic(x, hw)
         batch = x.shape[0]
         window, shift = self.window_and_shift(hw)
         windows = self._to_windows(x, hw, window, shift)  # (B * nW, n, C), or 3C when already projected
@@ -388,6 +393,54 @@ class WindowAttention(nn.Module):
         # (B * nW, heads, n, d) -> (B * nW, n, C): a view for the fused kernels, whose output is token-major
         out = out.transpose(1, 2).reshape(-1, tokens, self.dim)
         return self.proj_drop(self.proj(self._from_windows(out, batch, hw, window, shift)))
+
+    @torch.jit.unused
+    def _forward_symbolic(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """`forward` without branches on the sizes, for torch.export with dynamic H and W.
+
+        The same computation as the eager path at every size: the window is min(window, map) per dimension and the
+        shift is kept only where the map is larger than the window (`window_and_shift` as arithmetic: shift *
+        min(max(H - wh, 0), 1)); the gathers always pad and roll, and the mask (regions of the rolled map, padded
+        keys) is always built, all zeros where nothing is shifted or padded.
+        """
+        height, width = hw
+        batch = x.shape[0]
+        wh = symbolic_min(self.window_size[0], height)
+        ww = symbolic_min(self.window_size[1], width)
+        sh = self.shift_size[0] * symbolic_min(torch.sym_max(height - self.window_size[0], 0), 1)
+        sw = self.shift_size[1] * symbolic_min(torch.sym_max(width - self.window_size[1], 0), 1)
+        rows, cols = (height + wh - 1) // wh, (width + ww - 1) // ww
+        padded_h, padded_w = rows * wh, cols * ww
+        windows_per_image, tokens = rows * cols, wh * ww
+        device = x.device
+        token_index, position_index, valid, row, col = symbolic_window_layout(hw, (wh, ww), (sh, sw), device)
+        windows = x.index_select(1, token_index).view(batch * windows_per_image, tokens, x.shape[-1])
+        qkv = self.qkv(windows).view(batch, windows_per_image, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, n, d)
+        # relative position bias of the (possibly clamped) window: its tokens are a top-left sub-grid of the full one
+        full_w = self.window_size[1]
+        keep = (torch.arange(wh, device=device).unsqueeze(1) * full_w + torch.arange(ww, device=device)).flatten()
+        index = self.relative_position_index[keep][:, keep]
+        bias = self.relative_position_bias_table[index.reshape(-1)].view(tokens, tokens, self.num_heads)
+        bias = bias.permute(2, 0, 1).to(q.dtype)  # (heads, n, n)
+        # Swin's regions of the rolled map (see `_shifted_window_mask`), and the padding
+        row_label = (row >= padded_h - wh).long() + (row >= padded_h - sh).long()
+        col_label = (col >= padded_w - ww).long() + (col >= padded_w - sw).long()
+        labels = (row_label * 3 + col_label).view(windows_per_image, tokens)
+        valid = valid.view(windows_per_image, tokens)
+        blocked = (labels.unsqueeze(2) != labels.unsqueeze(1)) | (valid.unsqueeze(2) & ~valid.unsqueeze(1))
+        mask = torch.zeros(blocked.shape, device=device, dtype=q.dtype).masked_fill(blocked, float("-inf"))
+        attn_mask = mask.unsqueeze(1) + bias  # (nW, heads, n, n), broadcast over the batch
+        # softmax attention as plain matmuls: exporters take SDPA only on 4-D inputs, and 4-D would need the mask
+        # copied per image
+        attn = torch.matmul(q * self.head_dim**-0.5, k.transpose(-2, -1)) + attn_mask
+        attn = attn.softmax(dim=-1)
+        if self.training and self.attn_drop > 0:
+            attn = F.dropout(attn, self.attn_drop)
+        out = torch.matmul(attn, v)
+        out = self.proj(out.transpose(2, 3).reshape(batch * windows_per_image, tokens, self.dim))
+        out = out.view(batch, windows_per_image * tokens, out.shape[-1]).index_select(1, position_index)
+        return self.proj_drop(out)
 
     def _to_windows(self, x: Tensor, hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> Tensor:
         """(B, N, C) tokens -> (B * nW, n, C) windows of the padded, rolled map.

@@ -1,30 +1,66 @@
-"""``linvit export RUN_DIR``: a training run's checkpoint as timm weights (``model.safetensors`` + ``config.json``)."""
+"""``linvit export``: a training run as timm weights, or any model as ONNX / a torch.export program.
+
+- ``linvit export RUN_DIR`` (``--format safetensors``, the default): the run's checkpoint as ``model.safetensors`` +
+  timm ``config.json``;
+- ``linvit export RUN_DIR --format onnx`` or ``linvit export --model NAME [--checkpoint FILE] --format onnx``: an ONNX
+  file with dynamic batch, height and width (``--format pt2``: a ``torch.export`` program, AOTInductor-compilable).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-HELP = "Export a training run (or .ckpt) as model.safetensors + timm config.json, loadable by timm.create_model."
+HELP = (
+    "Export a training run as model.safetensors + timm config.json (loadable by timm.create_model), or a run or a "
+    "model as ONNX / torch.export (.pt2) with dynamic batch, height and width."
+)
+FORMATS = ("safetensors", "onnx", "pt2")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory (holding checkpoints/) or a .ckpt file")
+    parser.add_argument("run", nargs="?", default=None, help="run directory (holding checkpoints/) or a .ckpt file")
     parser.add_argument(
-        "--checkpoint", choices=("best", "last"), default="best", help="which checkpoint of a run (default: best)"
+        "--format",
+        choices=FORMATS,
+        default="safetensors",
+        help="safetensors: timm weights + config.json (runs only); onnx: an ONNX file; pt2: a torch.export program "
+        "(default: safetensors)",
     )
-    parser.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
     parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (default: the run directory, or the .ckpt's run)"
+        "--model",
+        default=None,
+        help="export this timm model instead of a run (--format onnx or pt2), e.g. linvit_tiny",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="with a run: which checkpoint, best or last (default best); with --model: a weights file "
+        "(.safetensors / .pth / .pt; a config.json beside it supplies num_classes and model arguments)",
+    )
+    parser.add_argument("--ema", action="store_true", help="export the EMA weights of a run instead of the raw ones")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="safetensors: output folder (default: the run directory); onnx/pt2: output file (default: "
+        "<run>/model.onnx or <NAME>.onnx in the current folder, .pt2 likewise)",
+    )
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's current one)")
+    parser.add_argument(
+        "--features-only",
+        action="store_true",
+        help="export the backbone's feature maps (timm features_only: one output per stage) instead of the classifier",
+    )
+    parser.add_argument(
+        "--num-classes", type=int, default=None, help="--model without --checkpoint: classifier width (0 = none)"
     )
     parser.add_argument(
         "--trusted",
         action="store_true",
         help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
-    )
-    parser.add_argument(
-        "--allow-non-finite", action="store_true", help="export weights that hold NaN/Inf (named in a warning)"
     )
 
 
@@ -35,26 +71,142 @@ def load_snippet(folder: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linvit.io import allow_non_finite_weights
-    from linvit.train.export import CONFIG_NAME, export_checkpoint, find_checkpoint
-
+    if args.format == "safetensors":
+        return _export_weights(args)
     try:
-        checkpoint = find_checkpoint(args.run, args.checkpoint)
-    except FileNotFoundError as error:
+        return _export_graph(args)
+    except (ValueError, FileNotFoundError, ImportError) as error:
         sys.stderr.write(f"linvit export: {error}\n")
         return 2
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"linvit export: {message}\n")
+    return 2
+
+
+def _export_weights(args: argparse.Namespace) -> int:
+    from linvit.train.export import CONFIG_NAME, export_checkpoint, find_checkpoint
+
+    if args.run is None:
+        return _fail(
+            "--format safetensors exports a training run: give its directory (or .ckpt); to export a model by name "
+            "pass --format onnx or --format pt2 with --model NAME."
+        )
+    if args.model is not None or args.features_only or args.num_classes is not None:
+        return _fail("--model, --features-only and --num-classes apply to --format onnx / pt2 only.")
+    which = args.checkpoint or "best"
+    if which not in ("best", "last"):
+        return _fail(f"--checkpoint with a run is best or last, got {which!r}.")
+    try:
+        checkpoint = find_checkpoint(args.run, which)
+    except FileNotFoundError as error:
+        return _fail(str(error))
     out = args.out
     if out is None:
         out = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     try:
-        with allow_non_finite_weights(args.allow_non_finite, opt_out="--allow-non-finite"):
-            weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
+        weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
     except ValueError as error:
-        sys.stderr.write(f"linvit export: {error}\n")
-        return 2
+        return _fail(str(error))
     kind = "EMA" if args.ema else "raw"
     sys.stdout.write(
         f"exported {checkpoint} ({kind} weights)\n  {weights}\n  {weights.parent / CONFIG_NAME}\n"
         f"load: {load_snippet(weights.parent)}\n"
     )
     return 0
+
+
+def _export_graph(args: argparse.Namespace) -> int:
+    from linvit.deploy import example_size, export_onnx, export_program, native_size, save_program
+
+    if (args.run is None) == (args.model is None):
+        return _fail("give a run directory (or .ckpt) or --model NAME, not both and not neither.")
+    if args.run is not None:
+        model, source, default_out = _model_from_run(args)
+    else:
+        model, source = _model_from_name(args)
+        default_out = Path(f"{args.model}.{args.format}")
+    out = args.out or default_out
+    if out.suffix != f".{args.format}":
+        out = out.with_name(out.name + f".{args.format}") if out.suffix == "" else out
+    program = export_program(model)
+    if args.format == "pt2":
+        path = save_program(program, out)
+    else:
+        path = export_onnx(model, out, opset=args.opset, program=program)
+    height, width = native_size(model)
+    traced = "x".join(str(side) for side in example_size(model))
+    sys.stdout.write(
+        f"exported {source} as {args.format}: {path}\n"
+        f"  input 'image' (batch, {getattr(model, 'in_chans', 3)}, height, width), batch/height/width dynamic "
+        f"(native size {height}x{width}, traced at {traced}); attention on the torch backend (standard ops)\n"
+    )
+    return 0
+
+
+def _features_only(name: str, kwargs: dict[str, Any], checkpoint: str | None = None):
+    import timm
+
+    if checkpoint is None:
+        return timm.create_model(name, features_only=True, **kwargs)
+    overlay = {"file": checkpoint}
+    return timm.create_model(name, features_only=True, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+
+
+def _model_from_name(args: argparse.Namespace):
+    import timm
+
+    import linvit.models  # noqa: F401  (registers linvit's families)
+    from linvit.commands.predict import build_model, read_side_config
+
+    if not timm.is_model(args.model):
+        raise ValueError(f"unknown model {args.model!r}; list linvit's models with `linvit models`")
+    checkpoint = args.checkpoint
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
+    side_config = read_side_config(checkpoint, args.trusted) if checkpoint else {}
+    if args.num_classes is not None:
+        if checkpoint is not None:
+            raise ValueError("--num-classes applies without --checkpoint (a checkpoint's classifier sets it).")
+        side_config = {"model_args": {"num_classes": args.num_classes}}
+    if args.features_only:
+        kwargs = dict(side_config.get("model_args") or {})
+        kwargs.pop("num_classes", None)
+        model = _features_only(args.model, kwargs, checkpoint)
+    else:
+        model = build_model(args.model, checkpoint, side_config)
+    source = args.model + (f" ({checkpoint})" if checkpoint else " (random weights)")
+    return model.eval(), source
+
+
+def _model_from_run(args: argparse.Namespace):
+    import timm
+    import torch
+
+    import linvit.models  # noqa: F401  (registers linvit's families)
+    from linvit.train.export import find_checkpoint, load_checkpoint, model_state_dict, timm_config
+    from linvit.utils.saved_config import check_classifier_hparams
+
+    which = args.checkpoint or "best"
+    if which not in ("best", "last"):
+        raise ValueError(f"--checkpoint with a run is best or last, got {which!r} (a weights file goes with --model).")
+    checkpoint_path = find_checkpoint(args.run, which)
+    checkpoint = load_checkpoint(checkpoint_path, trusted=args.trusted, opt_in="--trusted")
+    if not args.trusted:
+        check_classifier_hparams(checkpoint.get("hyper_parameters") or {}, checkpoint_path, "--trusted")
+    config = timm_config(checkpoint)
+    weights = model_state_dict(checkpoint, ema=args.ema)
+    model_args = dict(config["model_args"])
+    with torch.device("cpu"):
+        model = timm.create_model(config["architecture"], num_classes=config["num_classes"], **model_args)
+    model.load_state_dict(weights)
+    model.pretrained_cfg = {**(model.pretrained_cfg or {}), **config["pretrained_cfg"]}  # the run's input size
+    if args.features_only:  # timm's feature getter over the trained backbone (it prunes the classifier)
+        model = timm.create_model(config["architecture"], features_only=True, **model_args)
+        missing = model.model.load_state_dict(weights, strict=False).missing_keys
+        if missing:
+            raise ValueError(f"the run's weights lack {len(missing)} backbone tensors, e.g. {missing[0]!r}.")
+    run_dir = checkpoint_path.parent.parent if checkpoint_path.parent.name == "checkpoints" else checkpoint_path.parent
+    kind = "EMA" if args.ema else "raw"
+    return model.eval(), f"{checkpoint_path} ({kind} weights)", run_dir / f"model.{args.format}"

@@ -48,6 +48,7 @@ from linvit.attention import (
     shifted_block_kwargs,
     stage_attention_specs,
 )
+from linvit.attention._windows import exporting, wrap_index
 from linvit.attention.window import centre_relative_position_bias
 from linvit.layers import (
     LinearHeadMixin,
@@ -108,6 +109,9 @@ class PatchMerging(nn.Module):
 def roll_linear_windows(x: torch.Tensor, hw: tuple[int, int], window: tuple[int, int], forward: bool) -> torch.Tensor:
     """Roll (B, N, C) tokens of an (H, W) map by minus half the window (``forward``) or back, along each dimension
     where the map is larger than the window; other dimensions (one window wide) and smaller maps stay as they are."""
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+        if exporting():  # symbolic sizes: the same roll as one gather, the shift as arithmetic on the sizes
+            return _roll_tokens_symbolic(x, hw, window, forward)
     shift_h = window[0] // 2 if hw[0] > window[0] else 0
     shift_w = window[1] // 2 if hw[1] > window[1] else 0
     if shift_h == 0 and shift_w == 0:
@@ -116,6 +120,21 @@ def roll_linear_windows(x: torch.Tensor, hw: tuple[int, int], window: tuple[int,
         shift_h, shift_w = -shift_h, -shift_w
     grid = x.reshape(x.shape[0], hw[0], hw[1], x.shape[-1])
     return torch.roll(grid, (shift_h, shift_w), (1, 2)).reshape(x.shape)
+
+
+def _roll_tokens_symbolic(x: torch.Tensor, hw: tuple[int, int], window: tuple[int, int], forward: bool) -> torch.Tensor:
+    """`roll_linear_windows` without branches on the sizes (torch.export with dynamic H, W): shift = half the window
+    times min(max(H - window, 0), 1), so zero where the map is not larger, and the roll is an index_select."""
+    height, width = hw
+    shift_h = (window[0] // 2) * torch.sym_min(torch.sym_max(height - window[0], 0), 1)
+    shift_w = (window[1] // 2) * torch.sym_min(torch.sym_max(width - window[1], 0), 1)
+    if not forward:
+        shift_h, shift_w = -shift_h, -shift_w
+    token = torch.arange(height * width, device=x.device)
+    row = torch.div(token, width, rounding_mode="floor")
+    col = token - row * width
+    index = wrap_index(row + shift_h, height) * width + wrap_index(col + shift_w, width)
+    return x.index_select(1, index)
 
 
 class ShiftedLinearBlock(PreNormBlock):

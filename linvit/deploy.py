@@ -1,0 +1,190 @@
+"""Deploy a model: an ONNX file or a ``torch.export`` program with dynamic batch, height and width.
+
+Both come from one ``torch.export`` trace of the model in eval mode with symbolic (batch, H, W):
+
+- the attention core runs on the ``torch`` backend (:func:`linvit.ops.use_backend`), so on CUDA the Triton kernels
+  leave the graph as the same mathematics in standard ops and the exported file runs anywhere;
+- the modules take their branch-free paths while ``torch.export`` traces (:func:`linvit.attention._windows.exporting`):
+  windows are min(window, map), maps are always padded to whole windows and padded keys masked, shifts are arithmetic
+  on the sizes. One program therefore computes, at every size, what the eager model computes at that size;
+- the example input is larger than the native size (:func:`example_size`), so that every stage has several windows
+  in each direction and no size the trace sees is 1 (sizes 0 and 1 would be specialised).
+
+``export_onnx`` writes an ONNX file (the dynamo exporter, the current default opset unless ``opset`` is given),
+``export_program`` returns the ``ExportedProgram`` (``torch.export.save`` it as ``.pt2``; AOTInductor compiles it with
+``torch._inductor.aoti_compile_and_package``). ONNX needs the ``onnx`` extra: ``pip install linvit[onnx]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "FORMATS",
+    "dynamic_shapes",
+    "example_size",
+    "export_onnx",
+    "export_program",
+    "native_size",
+    "output_names",
+    "save_program",
+]
+
+FORMATS = ("onnx", "pt2")
+INPUT_NAME = "image"
+
+
+def native_size(model: nn.Module) -> tuple[int, int]:
+    """The (H, W) a model is made for: its pretrained cfg's ``input_size``, else its ``img_size``, else 224²."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    size = cfg.get("input_size")
+    if size is not None and len(size) == 3:
+        return int(size[1]), int(size[2])
+    img_size = getattr(model, "img_size", None)
+    if isinstance(img_size, int):
+        return img_size, img_size
+    if isinstance(img_size, Sequence) and len(img_size) == 2:
+        return int(img_size[0]), int(img_size[1])
+    return 224, 224
+
+
+def input_channels(model: nn.Module) -> int:
+    """The channels a model takes (``in_chans``, else its pretrained cfg's ``input_size``, else 3)."""
+    channels = getattr(model, "in_chans", None)
+    if isinstance(channels, int):
+        return channels
+    size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
+    return int(size[0]) if size else 3
+
+
+def example_size(model: nn.Module) -> tuple[int, int]:
+    """The (H, W) the trace runs at: twice the native size (at least 224) plus a margin, non-square.
+
+    The export is valid at every size only if no size the trace sees is 0 or 1 and every clamp (min(window, map)) is
+    symbolic: at twice the native size every stage's map spans at least two of its windows (the widest linear window,
+    FLatten-Swin's 56 at stride 8 for 224, needs more than 448 pixels).
+    """
+    height, width = native_size(model)
+    return 2 * max(height, 224) + 64, 2 * max(width, 224) + 96
+
+
+def dynamic_shapes() -> tuple[dict[int, Any]]:
+    """Batch, height and width dynamic: batch from 1, height and width as far as the model allows."""
+    from torch.export import Dim
+
+    return ({0: Dim("batch", min=1, max=65536), 2: Dim.DYNAMIC, 3: Dim.DYNAMIC},)
+
+
+@contextlib.contextmanager
+def _export_settings() -> Iterator[None]:
+    """The torch backend, and size-oblivious reasoning on backed sizes (no guards on sizes being 1)."""
+    import torch.fx.experimental._config as fx_config
+
+    import linvit.ops
+
+    with linvit.ops.use_backend("torch"), fx_config.patch(backed_size_oblivious=True):
+        yield
+
+
+def _example_input(model: nn.Module, size: tuple[int, int] | None) -> torch.Tensor:
+    height, width = size or example_size(model)
+    parameter = next(iter(model.parameters()), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(2, input_channels(model), height, width, generator=generator).to(device=device, dtype=dtype)
+
+
+def export_program(model: nn.Module, size: tuple[int, int] | None = None) -> torch.export.ExportedProgram:
+    """``torch.export`` the model (put in eval mode) with dynamic batch, height and width.
+
+    ``size``: the (H, W) of the example input (default :func:`example_size`). The attention runs on the ``torch``
+    backend (standard ops only, so the program runs on any device, CUDA or not, with or without Triton).
+    """
+    model.eval()
+    example = _example_input(model, size)
+    with _export_settings():
+        return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes())
+
+
+def save_program(program: torch.export.ExportedProgram, path: str | os.PathLike) -> Path:
+    """Write an exported program as a ``.pt2`` archive (``torch.export.load`` reads it back)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return path
+
+
+def output_names(model: nn.Module, outputs: Any) -> list[str]:
+    """ONNX output names: ``feature_0`` … for a ``features_only`` model's list of maps, ``logits`` for a classifier,
+    ``features`` for a model without one (``num_classes=0``)."""
+    if isinstance(outputs, (list, tuple)):
+        return [f"feature_{index}" for index in range(len(outputs))]
+    return ["logits" if getattr(model, "num_classes", 0) else "features"]
+
+
+def _require_onnx() -> None:
+    missing = [name for name in ("onnx", "onnxscript") if _missing(name)]
+    if missing:
+        raise ImportError(
+            f"ONNX export needs {' and '.join(missing)}: install the onnx extra, pip install 'linvit[onnx]' "
+            "(onnx, onnxscript, and onnxruntime to run the file)."
+        )
+
+
+def _missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    opset: int | None = None,
+    size: tuple[int, int] | None = None,
+    program: torch.export.ExportedProgram | None = None,
+) -> Path:
+    """Write the model as ONNX with dynamic batch, height and width (input ``image``, outputs named by
+    :func:`output_names`); returns the path.
+
+    ``opset``: the ONNX opset (default: the exporter's current default). ``size``: see :func:`export_program`.
+    ``program``: an already exported program of this model (saves tracing again).
+    """
+    _require_onnx()
+    if program is None:
+        program = export_program(model, size)
+    example = _example_input(model, size)
+    outputs = output_names(model, _output_structure(program))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {"dynamo": True, "verbose": False, "input_names": [INPUT_NAME], "output_names": outputs}
+    if opset is not None:
+        options["opset_version"] = opset
+    with _export_settings(), _quiet():
+        torch.onnx.export(program, (example,), str(path), **options)
+    return path
+
+
+def _output_structure(program: torch.export.ExportedProgram) -> Any:
+    """The program's outputs as a placeholder structure (a list for ``features_only`` models, else one tensor)."""
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return None
+    return spec.unflatten([None] * spec.num_leaves)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The ONNX exporter prints its progress to stdout: send it to stderr (a command's stdout is its result)."""
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
