@@ -326,9 +326,10 @@ def _run_directory_files() -> list[str]:
 
 # What the README's results may differ by on another CPU (issue 22): a run is bit-identical on one machine, but MKL and
 # ATen pick their code by CPU vendor and instruction set, so the initial weights and every step differ in the last
-# bits and training amplifies that. Measured: an Intel Xeon (AVX-512) ends the digits run with the README's 99.44% /
-# 98.89% and the segmentation run with mIoU 0.9430 against the README's 0.9431 (recorded on AMD EPYC). Allowed: one
-# percentage point of top-1/top-5 (3.6 of the 360 test images) and 0.01 of mIoU.
+# bits and training amplifies that. Measured on an Intel Xeon (AVX-512; the README's figures come from AMD EPYC): the
+# digits run ends with the README's 99.44% / 98.89% but loss 0.1154 / 0.1054 against 0.1118 / 0.1077, the segmentation
+# run with mIoU 0.9430 against 0.9431. Allowed: one percentage point of top-1/top-5 (3.6 of the 360 test images), any
+# loss, 0.01 of mIoU.
 README_ACCURACY_TOLERANCE = 1.0  # percentage points
 README_MIOU_TOLERANCE = 0.01
 _PERCENTS = re.compile(r"top-1 ([\d.]+)%\s+top-5 ([\d.]+)%")
