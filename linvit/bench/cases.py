@@ -6,7 +6,7 @@ key (every field, sorted) identifies its row when results of several runs are me
 
 from __future__ import annotations
 
-SUITES = ("operators", "backbones", "training", "compile")
+SUITES = ("operators", "backbones", "training", "compile", "deploy")
 
 # name -> what it is (the table's legend).
 OPERATORS = {
@@ -113,3 +113,22 @@ def training_cases(models: list[str], size: int, batch: int) -> list[dict]:
 
 def compile_cases(models: list[str], sizes: list[int]) -> list[dict]:
     return [{"suite": "compile", "model": model, "size": size} for model in models for size in sizes]
+
+
+# The deploy suite: the same model in eager PyTorch and in ONNX Runtime (CPU execution provider), from one ONNX file
+# with dynamic batch/height/width (linvit.deploy), at high resolutions.
+DEPLOY_MODELS = ("linvit_tiny",)
+DEPLOY_SIZES = (512, 1024)
+RUNTIMES = {
+    "torch_eager": "eager PyTorch (the torch backend on the CPU)",
+    "onnxruntime_cpu": "ONNX Runtime, CPUExecutionProvider, the file of `linvit export --format onnx`",
+}
+
+
+def deploy_cases(models: list[str], sizes: list[int]) -> list[dict]:
+    return [
+        {"suite": "deploy", "model": model, "size": size, "runtime": runtime, "batch": 1}
+        for model in models
+        for size in sizes
+        for runtime in RUNTIMES
+    ]

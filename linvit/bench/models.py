@@ -146,3 +146,50 @@ def compile_report(case: dict, device: torch.device, dtype: str, budget_s: float
     result["compiled_ms"] = time_call(compiled, device, repeats=repeats, budget_s=budget_s)["latency_ms"]
     result["gain"] = result["eager_ms"] / result["compiled_ms"]
     return result
+
+
+_ONNX_FILES: dict[str, str] = {}  # model name -> its exported file, once per worker process (one export per model)
+
+
+def deploy_callable(case: dict, device: torch.device, dtype: str):
+    """One forward of ``case["model"]`` at ``case["size"]``² in eager PyTorch or in ONNX Runtime on the CPU.
+
+    The ONNX file is exported once per model with dynamic batch/height/width (`linvit.deploy.export_onnx`, the same
+    file `linvit export --format onnx` writes) and serves every size; ONNX Runtime runs as many intra-op threads as
+    torch.
+    """
+    import tempfile
+
+    if device.type != "cpu" or dtype != "fp32":
+        raise Unavailable("the deploy suite compares CPU runtimes in fp32 (--device cpu --dtype fp32)")
+    size = case["size"]
+    torch.manual_seed(0)
+    model = create_model(case["model"], (size, size)).eval()
+    x = torch.randn(case["batch"], 3, size, size)
+    info = {"pixels": size * size, "params": sum(p.numel() for p in model.parameters())}
+    if case["runtime"] == "torch_eager":
+
+        def run():
+            with torch.no_grad():
+                return model(x)
+
+        return run, info
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise Unavailable("onnxruntime is not installed (pip install 'linvit[onnx]')") from error
+    from linvit.deploy import export_onnx
+
+    path = _ONNX_FILES.get(case["model"])
+    if path is None:
+        folder = tempfile.mkdtemp(prefix="linvit-bench-onnx-")
+        path = _ONNX_FILES[case["model"]] = str(export_onnx(model, f"{folder}/{case['model']}.onnx"))
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feed = {"image": x.numpy()}
+
+    def run_onnx():
+        return session.run(None, feed)
+
+    return run_onnx, info

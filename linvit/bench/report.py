@@ -297,6 +297,23 @@ def _compile_table(index: dict) -> list[str]:
     return lines
 
 
+def _deploy_table(index: dict) -> list[str]:
+    rows = _rows(index, "deploy")
+    if not rows:
+        return []
+    lines = ["## 5. Deployment runtimes on the CPU (inference, batch 1, fp32)", ""]
+    lines.append("| model | size | runtime | ms | vs eager |")
+    lines.append("|---|---:|---|---:|---:|")
+    for row in rows:
+        c = row["case"]
+        eager = _find(rows, model=c["model"], size=c["size"], runtime="torch_eager")
+        ratio = _ok(eager) / _ok(row) if _ok(eager) and _ok(row) else None
+        versus = "1.00×" if c["runtime"] == "torch_eager" else (f"{ratio:.2f}×" if ratio else "–")
+        lines.append(f"| {c['model']} | {c['size']}² | {c['runtime']} | {_cell(row)} | {versus} |")
+    lines += ["", "`vs eager`: eager latency over this runtime's (above 1: faster than eager PyTorch).", ""]
+    return lines
+
+
 def _notes(index: dict) -> list[str]:
     notes = defaultdict(list)
     for row in index.values():
@@ -378,6 +395,7 @@ def render(data: dict) -> str:
     lines += _backbone_tables(index, gemm_peak)
     lines += _training_table(index)
     lines += _compile_table(index)
+    lines += _deploy_table(index)
     lines += _notes(index)
     plots = ["operators_latency.png", "operators_memory.png", "backbones_latency.png", "backbones_memory.png"]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]

@@ -309,6 +309,9 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
                 settings["train_models"], settings["train_size"], settings["train_batch"]
             )
             memory_cases = cases
+        elif suite == "deploy":
+            cases = suite_cases.deploy_cases(list(suite_cases.DEPLOY_MODELS), list(suite_cases.DEPLOY_SIZES))
+            memory_cases = []
         else:
             cases = suite_cases.compile_cases(settings["models"], settings["compile_sizes"])
             memory_cases = []

@@ -33,6 +33,10 @@ def _callable_for(case: dict, device, dtype: str):
         from linvit.bench.models import training_callable
 
         return training_callable(case, device, dtype)
+    if case["suite"] == "deploy":
+        from linvit.bench.models import deploy_callable
+
+        return deploy_callable(case, device, dtype)
     raise ValueError(f"no callable for suite {case['suite']!r}")
 
 

@@ -90,6 +90,10 @@ SHELL_PLANS: dict[str, Plan] = {
     "linvit eval outputs/digits_linvit_nano/<run> --checkpoint last --split val --json": Plan(
         default="whole", slow="whole"
     ),
+    # Deploy
+    'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx': Plan(
+        default="whole", slow="whole"
+    ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
         slow="whole", needs=WALLPAPER, why_not="linvit_tiny at 2560x1600"
@@ -120,11 +124,16 @@ PYTHON_PLANS: dict[str, str] = {
     "x, hw = torch.randn(2, 37 * 53, 96), (37, 53)": "",
     "attention = FocusedLinearAttention(96, 3, pos_size=(7, 9))": "",
     'model = timm.create_model("local-dir:outputs/digits_linvit_nano/<run>", pretrained=True)': "",
+    'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])': "",
     'backbone = create_feature_backbone("linvit_tiny")': "import torch; images = torch.randn(2, 3, 96, 128)",
     'backbone = create_detection_backbone("linvit_tiny", out_channels=256)': "",
     'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)': "",
 }
-PYTHON_NEEDS = {'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)': "segmentation_models_pytorch"}
+PYTHON_NEEDS = {
+    'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)': "segmentation_models_pytorch",
+    'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])': "onnxruntime",
+}
+ONNX_COMMAND = 'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx'
 
 
 def _first_statement(block: str) -> str:
@@ -404,6 +413,9 @@ def test_readme_python_block(key, workdir, request, monkeypatch):
         pytest.importorskip(PYTHON_NEEDS[key])
     if "flatten_swin_t.pth" in block.text:
         request.getfixturevalue("authors_file")
+    if "linvit_nano.onnx" in block.text and not (workdir / "linvit_nano.onnx").is_file():
+        code, out, err = _run(ONNX_COMMAND, "whole", "default", workdir, request)  # the README's command writes it
+        assert code == 0, (out + err)[-3000:]
     run = request.getfixturevalue("run_name") if "<run>" in block.text else None
     monkeypatch.chdir(workdir)
     namespace: dict = {"__name__": "__readme__"}
