@@ -54,13 +54,9 @@ class ClassifierHeadMixin:
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         reference = _reset_classes(self, num_classes, global_pool)
-        self.head.reset(
-            num_classes,
-            pool_type=global_pool,
-            in_features=self.num_features,
-            device=reference.device,
-            dtype=reference.dtype,
-        )
+        # timm < 1.0.31's reset takes no in_features: the head keeps the ones it was built with, which are these
+        self.head.in_features = self.num_features
+        self.head.reset(num_classes, pool_type=global_pool, device=reference.device, dtype=reference.dtype)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=True) if pre_logits else self.head(x)
