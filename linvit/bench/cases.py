@@ -116,7 +116,7 @@ def compile_cases(models: list[str], sizes: list[int]) -> list[dict]:
 
 
 # The deploy suite: the same model in eager PyTorch and in ONNX Runtime (CPU execution provider), from one ONNX file
-# with dynamic batch/height/width (linvit.deploy), at high resolutions.
+# with dynamic batch/height/width (linvit.utils.deploy), at high resolutions.
 DEPLOY_MODELS = ("linvit_tiny",)
 DEPLOY_SIZES = (512, 1024)
 RUNTIMES = {

@@ -154,9 +154,9 @@ _ONNX_FILES: dict[str, str] = {}  # model name -> its exported file, once per wo
 def deploy_callable(case: dict, device: torch.device, dtype: str):
     """One forward of ``case["model"]`` at ``case["size"]``² in eager PyTorch or in ONNX Runtime on the CPU.
 
-    The ONNX file is exported once per model with dynamic batch/height/width (`linvit.deploy.export_onnx`, the same
-    file `linvit export --format onnx` writes) and serves every size; ONNX Runtime runs as many intra-op threads as
-    torch.
+    The ONNX file is exported once per model with dynamic batch/height/width (`linvit.utils.deploy.export_onnx`, the
+    same file `linvit export --format onnx` writes) and serves every size; ONNX Runtime runs as many intra-op threads
+    as torch.
     """
     import tempfile
 
@@ -178,7 +178,7 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
         import onnxruntime
     except ImportError as error:
         raise Unavailable("onnxruntime is not installed (pip install 'linvit[onnx]')") from error
-    from linvit.deploy import export_onnx
+    from linvit.utils.deploy import export_onnx
 
     path = _ONNX_FILES.get(case["model"])
     if path is None:

@@ -118,7 +118,7 @@ def _export_weights(args: argparse.Namespace) -> int:
 
 
 def _export_graph(args: argparse.Namespace) -> int:
-    from linvit.deploy import example_size, export_onnx, export_program, native_size, save_program
+    from linvit.utils.deploy import example_size, export_onnx, export_program, native_size, save_program
 
     if (args.run is None) == (args.model is None):
         return _fail("give a run directory (or .ckpt) or --model NAME, not both and not neither.")

@@ -23,6 +23,7 @@ import torch
 from timm.layers import to_2tuple, trunc_normal_
 from torch import nn
 
+from linvit.attention._windows import exporting
 from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.image_input import check_image_batch
 
@@ -178,7 +179,11 @@ class StagedBackbone(Backbone):
 
     def forward_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm over the channels of a map, on its (B, H, W, C) view (no copy for channels-last maps)."""
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+            if exporting():  # channels-last maps make torch.export specialise the batch size in the pooling head
+                x = x.contiguous()
+        return x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.forward_stem(self.check_input(x))

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention._windows import exporting
-
 
 def tokens_to_map(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """(B, N, C) tokens -> (B, C, H, W) map in channels-last memory (a view when x is contiguous)."""
@@ -32,7 +30,4 @@ class ConvPosEnc(nn.Module):
         self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        image = tokens_to_map(x, hw)
-        if exporting():  # a channels-last conv input makes torch.export specialise the batch size (batch > 1)
-            image = image.contiguous()
-        return x + map_to_tokens(self.proj(image))
+        return x + map_to_tokens(self.proj(tokens_to_map(x, hw)))

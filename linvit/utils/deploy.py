@@ -110,8 +110,19 @@ def export_program(model: nn.Module, size: tuple[int, int] | None = None) -> tor
     """
     model.eval()
     example = _example_input(model, size)
-    with _export_settings():
-        return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes())
+    # A convolution of a channels-last (or other strided) input makes torch.export specialise the batch size (its
+    # memory-format choice asks whether the batch is 1): convolutions see dense inputs while it traces.
+    hooks = [m.register_forward_pre_hook(_dense_input) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    try:
+        with _export_settings():
+            return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes())
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _dense_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (args[0].contiguous(), *args[1:])
 
 
 def save_program(program: torch.export.ExportedProgram, path: str | os.PathLike) -> Path:
