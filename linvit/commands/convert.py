@@ -37,6 +37,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow arbitrary pickled objects in SRC (runs code from the file: only for files you trust)",
     )
+    parser.add_argument(
+        "--img-size",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="SIZE",
+        help="the input size the checkpoint was trained at (H or H W): the model is built at that size and its tables "
+        "are kept as they are; without it, tables of another size are resized to the model's default size (said so)",
+    )
+    parser.add_argument(
+        "--model-kwargs",
+        default=None,
+        metavar="JSON",
+        help="creation arguments of the model the checkpoint was built with, as JSON, e.g. "
+        """'{"la_sr_ratios": "8421"}' (recorded with the weights and in the printed load line)""",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
 
 
@@ -81,7 +97,9 @@ def _class_and_channel_args(model: Any, filtered: dict[str, Any]) -> dict[str, i
     return args
 
 
-def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, int]]:
+def _convert_for(
+    name: str, state_dict: dict[str, Any], creation: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], int, dict[str, int]]:
     """Filtered state dict for model ``name`` (built on the meta device), how many source tensors it reshaped, and
     the ``num_classes`` / ``in_chans`` to create the model with when the weights have another classifier or stem.
 
@@ -92,8 +110,10 @@ def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any],
 
     from linvit.io import describe_mismatch, state_dict_mismatch
 
+    creation = dict(creation or {})
+
     def fit(model_args: dict[str, int]) -> tuple[dict[str, Any], tuple[list, list, list]]:
-        model = timm.create_model(name, pretrained=False, device="meta", **model_args)
+        model = timm.create_model(name, pretrained=False, device="meta", **creation, **model_args)
         filter_fn = _family_filter(model)
         filtered = filter_fn(dict(state_dict), model) if filter_fn is not None else dict(state_dict)
         return filtered, state_dict_mismatch(filtered, model.state_dict())
@@ -101,7 +121,7 @@ def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any],
     filtered, mismatch = fit({})
     model_args: dict[str, int] = {}
     if any(mismatch):  # another class or channel count? then the rest must fit exactly
-        guess = _class_and_channel_args(timm.create_model(name, pretrained=False, device="meta"), filtered)
+        guess = _class_and_channel_args(timm.create_model(name, pretrained=False, device="meta", **creation), filtered)
         refit, remaining = fit(guess) if guess else (filtered, mismatch)
         if not any(remaining):
             filtered, mismatch, model_args = refit, remaining, guess
@@ -112,8 +132,25 @@ def _convert_for(name: str, state_dict: dict[str, Any]) -> tuple[dict[str, Any],
     return filtered, reshaped, model_args
 
 
-def _kwargs_text(model_args: dict[str, int]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in model_args.items())
+def _kwargs_text(model_args: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in model_args.items())
+
+
+def _creation_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``img_size`` and the ``--model-kwargs`` JSON as creation arguments (ValueError naming a bad value)."""
+    creation: dict[str, Any] = {}
+    if args.model_kwargs:
+        try:
+            creation = json.loads(args.model_kwargs)
+        except json.JSONDecodeError as error:
+            raise ValueError(f'--model-kwargs is not JSON ({error}); e.g. \'{{"la_sr_ratios": "8421"}}\'.') from None
+        if not isinstance(creation, dict):
+            raise ValueError(f"--model-kwargs must be a JSON object of arguments, got {args.model_kwargs!r}.")
+    if args.img_size:
+        if len(args.img_size) > 2:
+            raise ValueError(f"--img-size takes H or H W, got {len(args.img_size)} numbers.")
+        creation["img_size"] = args.img_size[0] if len(args.img_size) == 1 else list(args.img_size)
+    return creation
 
 
 def _key_structure(keys) -> set[str]:
@@ -132,9 +169,10 @@ def _families(names: list[str]) -> dict[str, list[str]]:
     return groups
 
 
-def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, int]]:
+def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, int], int]:
     """The registered model whose family filter maps ``state_dict`` onto it exactly with the least resizing (and the
-    ``num_classes`` / ``in_chans`` to create it with, where the weights differ from its defaults).
+    ``num_classes`` / ``in_chans`` to create it with, where the weights differ from its defaults, and how many tensors
+    it resized).
 
     One representative per family is built first (on the meta device); only families whose mapped key names
     mostly agree with it are searched model by model.
@@ -176,13 +214,13 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, i
     best = [item for item in fits if item[0] == fits[0][0] and len(item[3]) == len(fits[0][3])]
     if len(best) > 1:
         raise ValueError(f"Several models fit these weights equally well: {[n for _, n, _, _ in best]}; pass --model.")
-    return fits[0][1], fits[0][2], fits[0][3]
+    return fits[0][1], fits[0][2], fits[0][3], fits[0][0]
 
 
 def _what_they_fit(state_dict: dict[str, Any]) -> str:
     """Which registered model the weights do fit (for a --model that they do not), or how to find out."""
     try:
-        name, _, model_args = _infer(state_dict)
+        name, _, model_args, _ = _infer(state_dict)
     except ValueError:
         return "No other registered linvit model fits them either."
     created = f" created with {_kwargs_text(model_args)}" if model_args else ""
@@ -190,10 +228,16 @@ def _what_they_fit(state_dict: dict[str, Any]) -> str:
 
 
 def convert_checkpoint(
-    src: str, dst: str, model_name: str | None = None, use_ema: bool = False, trusted: bool = False
-) -> tuple[str, dict[str, int]]:
-    """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None); returns the model name and the
-    ``num_classes`` / ``in_chans`` to create it with (empty when the weights have the model's defaults)."""
+    src: str,
+    dst: str,
+    model_name: str | None = None,
+    use_ema: bool = False,
+    trusted: bool = False,
+    creation: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any], int]:
+    """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None, which needs no ``creation``); returns the
+    model name, the arguments to create it with (``creation``, e.g. ``img_size`` and options, then ``num_classes`` /
+    ``in_chans`` where the weights differ from the defaults) and how many tensors were resized to fit it."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
@@ -201,13 +245,17 @@ def convert_checkpoint(
 
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+    creation = dict(creation or {})
     if model_name is None:
-        model_name, filtered, model_args = _infer(state_dict)
+        if creation:
+            raise ValueError("--img-size / --model-kwargs describe a model: pass --model NAME with them.")
+        model_name, filtered, model_args, reshaped = _infer(state_dict)
     else:
         try:
-            filtered, _, model_args = _convert_for(model_name, state_dict)
+            filtered, reshaped, model_args = _convert_for(model_name, state_dict, creation)
         except _Misfit as misfit:
             raise ValueError(f"{misfit}. {_what_they_fit(state_dict)}") from None
+    model_args = {**creation, **model_args}
     tensors = {k: v.detach().contiguous().clone() for k, v in filtered.items()}
     if dst.endswith(".safetensors"):
         from safetensors.torch import save_file
@@ -218,7 +266,7 @@ def convert_checkpoint(
         save_file(tensors, dst, metadata=metadata)
     else:
         torch.save(tensors, dst)
-    return model_name, model_args
+    return model_name, model_args, reshaped
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,12 +276,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.dst} exists; pass --force to overwrite it.", file=sys.stderr)
         return 2
     try:
-        name, model_args = convert_checkpoint(args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted)
+        creation = _creation_arguments(args)
+        name, model_args, reshaped = convert_checkpoint(
+            args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted, creation=creation
+        )
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)
         return 1
-    created_with = f" with {_kwargs_text(model_args)} (read from the weights; the model's defaults differ)"
-    print(f"wrote {args.dst} for {name}{created_with if model_args else ''}")
+    created_with = f" with {_kwargs_text(model_args)}" if model_args else ""
+    print(f"wrote {args.dst} for {name}{created_with}")
+    if reshaped:
+        print(
+            f"resized {reshaped} tensors (positional / relative-position tables) to the model's size: the checkpoint "
+            "was saved at another one; pass --img-size with its training size to keep them as they are",
+            file=sys.stderr,
+        )
     extra = f"{_kwargs_text(model_args)}, " if model_args else ""
     print(
         f"load it with: timm.create_model('{name}', pretrained=True, {extra}"

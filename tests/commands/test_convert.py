@@ -149,3 +149,53 @@ def test_convert_with_the_wrong_model_names_the_one_that_fits(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "do not fit linvit_tiny" in err and "They fit linvit_nano created with num_classes=10" in err, err
     assert len(err) < 1500
+
+
+def test_convert_keeps_the_training_size_with_img_size(tmp_path, yacs_module, capsys):
+    """A checkpoint trained at 448 keeps its tables with --img-size 448 (recorded in the weights' metadata and the
+    load line); without it, convert says that it resized them to the default size."""
+    from safetensors import safe_open
+
+    name = "flatten_swin_tiny_patch4_224"
+    state = _random_state(name, img_size=448)
+    src, dst = tmp_path / "swin448.pth", tmp_path / "swin448.safetensors"
+    _authors_file(src, _to_authors_swin_layout(state))
+    assert main(["convert", str(src), str(dst), "--model", name, "--img-size", "448"]) == 0
+    captured = capsys.readouterr()
+    assert f"timm.create_model('{name}', pretrained=True, img_size=448, pretrained_cfg_overlay" in captured.out
+    assert "resized" not in captured.err
+    with safe_open(str(dst), framework="pt") as handle:
+        assert '"img_size": 448' in handle.metadata()["model_args"]
+    model = timm.create_model(name, pretrained=True, img_size=448, pretrained_cfg_overlay={"file": str(dst)})
+    for key, value in model.state_dict().items():
+        if key in state:
+            torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+    assert main(["convert", str(src), str(tmp_path / "swin224.safetensors"), "--model", name]) == 0
+    err = capsys.readouterr().err
+    assert "resized" in err and "--img-size" in err
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("flatten_pvt_v2_b0", {"linear": True}), ("flatten_pvt_tiny", {"la_sr_ratios": "8421"})],
+)
+def test_convert_checkpoints_built_with_options(tmp_path, yacs_module, capsys, name, options):
+    """Weights of a model built with an option convert with --model-kwargs, exactly, and the load line passes it."""
+    import json
+
+    state = _random_state(name, **options)
+    src, dst = tmp_path / "option.pth", tmp_path / "option.safetensors"
+    _authors_file(src, state)
+    kwargs = json.dumps(options)
+    assert main(["convert", str(src), str(dst), "--model", name, "--model-kwargs", kwargs]) == 0
+    out = capsys.readouterr().out
+    expected = ", ".join(f"{key}={value!r}" for key, value in options.items())
+    assert f"timm.create_model('{name}', pretrained=True, {expected}, pretrained_cfg_overlay" in out, out
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)}, **options)
+    for key, value in model.state_dict().items():
+        if key in state:
+            torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+    assert main(["convert", str(src), str(tmp_path / "x.safetensors"), "--model-kwargs", kwargs]) == 1
+    assert "--model NAME" in capsys.readouterr().err
+    assert main(["convert", str(src), str(tmp_path / "y.safetensors"), "--model", name, "--model-kwargs", "{"]) == 1
+    assert "not JSON" in capsys.readouterr().err
