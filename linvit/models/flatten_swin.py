@@ -49,6 +49,7 @@ from linvit.attention import (
     stage_attention_specs,
 )
 from linvit.attention._windows import exporting, wrap_index
+from linvit.attention.positional import resize_positional_table
 from linvit.attention.window import centre_relative_position_bias
 from linvit.layers import (
     LinearHeadMixin,
@@ -176,6 +177,8 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         drop_rate: dropout before the classifier; proj_drop_rate: after attention projections and MLPs (the
             authors' ``drop_rate``); attn_drop_rate: attention dropout; drop_path_rate: stochastic depth, linearly
             increasing over blocks.
+        ape: the authors' (Swin's) absolute position embedding ``absolute_pos_embed`` (1, patches, embed_dim), added
+            to the patch tokens and resized bicubically to the patch grid of other input sizes.
     """
 
     stage_container = "layers"
@@ -203,6 +206,7 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
+        ape: bool = False,
         act_layer: Callable[..., nn.Module] = nn.GELU,
         norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
         device=None,
@@ -232,6 +236,14 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
             dynamic_img_pad=True,
             **dd,
         )
+        self.ape = ape
+        self.absolute_pos_embed: nn.Parameter | None = None
+        if ape:  # the authors' absolute position embedding of the patch grid at img_size (Swin's ape=True)
+            grid = conv_grids(self.img_size, 1, (patch_size, patch_size, 0), (1, 2, 0))[0]
+            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dim, **dd))
+            self.absolute_pos_grid = grid
+            if self.absolute_pos_embed.device.type != "meta":
+                nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
         grids = self.stage_grids(self.img_size)
         options = {
             "qkv_bias": qkv_bias,
@@ -281,9 +293,21 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
 
     def resize_stem(self, img_size: tuple[int, int]) -> None:
         self.patch_embed.set_input_size(img_size=img_size)
+        if self.absolute_pos_embed is not None:
+            grid = conv_grids(to_2tuple(img_size), 1, (self.patch_size, self.patch_size, 0), (1, 2, 0))[0]
+            old = self.absolute_pos_embed
+            with torch.no_grad():
+                resized = resize_positional_table(old.detach(), self.absolute_pos_grid, grid)
+            self.absolute_pos_embed = nn.Parameter(resized, requires_grad=old.requires_grad)
+            self.absolute_pos_grid = grid
 
     def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
-        return self.patch_embed(x).permute(0, 3, 1, 2)
+        x = self.patch_embed(x)  # (B, H, W, C)
+        if self.absolute_pos_embed is not None:  # resized bicubically to the grid of this input
+            height, width = x.shape[1], x.shape[2]
+            table = resize_positional_table(self.absolute_pos_embed, self.absolute_pos_grid, (height, width))
+            x = x + table.view(1, height, width, x.shape[-1]).to(x.dtype)
+        return x.permute(0, 3, 1, 2)
 
     def forward_stages(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)

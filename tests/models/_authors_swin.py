@@ -171,10 +171,15 @@ class RefPatchEmbed(nn.Module):
 
 
 class RefFLattenSwin(nn.Module):
-    def __init__(self, img_size, embed_dim, depths, num_heads, linear_window, window, num_classes, types="LLSS"):
+    def __init__(
+        self, img_size, embed_dim, depths, num_heads, linear_window, window, num_classes, types="LLSS", ape=False
+    ):
         super().__init__()
         self.patch_embed = RefPatchEmbed(embed_dim)
         res = img_size // 4
+        self.ape = ape
+        if ape:  # the authors' absolute position embedding, added to the patch tokens
+            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, res * res, embed_dim))
         self.layers = nn.ModuleList()
         for i, depth in enumerate(depths):
             self.layers.append(
@@ -193,6 +198,8 @@ class RefFLattenSwin(nn.Module):
 
     def forward(self, x):
         x = self.patch_embed(x)
+        if self.ape:
+            x = x + self.absolute_pos_embed
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x).mean(1))

@@ -458,3 +458,18 @@ def test_bf16_autocast_stays_finite_at_large_activations():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("img_size", [128, 160])
+def test_authors_absolute_position_embedding_loads_and_matches_their_model(img_size, tmp_path, monkeypatch):
+    """Swin's ape=True: the authors' `absolute_pos_embed` loads into ape=True and gives their outputs at the native
+    size; a model created at another size resizes it with the other tables."""
+    ref = RefFLattenSwin(128, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10, ape=True)
+    _randomize(ref.eval())
+    model = _load_authors(ref, tmp_path / "flatten_swin_ape.pth", monkeypatch, ape=True)
+    assert model.absolute_pos_embed.shape == (1, 32 * 32, 16)
+    assert_same_outputs(model, ref, 128)
+    if img_size != 128:
+        model.set_input_size(img_size=(img_size, img_size))
+        assert model.absolute_pos_embed.shape == (1, (img_size // 4) ** 2, 16)
+        assert model(torch.randn(1, 3, img_size, img_size, dtype=torch.float64)).shape == (1, 10)
