@@ -105,8 +105,11 @@ def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[t
 
 
 def best(costs: list[tuple[tuple[int, int, int], KernelCost]]) -> tuple[tuple[int, int, int], KernelCost]:
-    """The configuration with the fewest instructions among those that do not spill (all, if every one does)."""
-    clean = [item for item in costs if item[1].spill_bytes == 0] or costs
+    """The configuration with the fewest instructions among those that do not spill (the least spilling one, if
+    every one does)."""
+    clean = [item for item in costs if item[1].spill_bytes == 0]
+    if not clean:
+        return min(costs, key=lambda item: (item[1].spill_bytes, item[1].instructions))
     return min(clean, key=lambda item: item[1].instructions)
 
 
