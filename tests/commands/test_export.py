@@ -127,3 +127,21 @@ def test_a_checkpoint_that_runs_code_is_refused_naming_trusted(tmp_path, capsys,
     assert code != 0
     assert not marker.exists(), "loading executed code from the checkpoint"
     assert "--trusted" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~50 s of tracing on 2 shared cores; tests/test_deploy.py traces the families in the default tier
+def test_export_command_writes_onnx_of_a_run(run_dir, tmp_path, capsys):
+    """`linvit export RUN --format onnx`: the trained classifier at sizes it never saw (batch and size dynamic)."""
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra (pip install 'linvit[onnx]')")
+    pytest.importorskip("onnxscript", reason="the onnx extra (pip install 'linvit[onnx]')")
+    out = tmp_path / "run.onnx"
+    assert linvit_main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    model = _trained_model(run_dir)
+    for batch, size in ((1, (40, 56)), (3, (64, 48))):
+        x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = model(x).numpy()
+        got = session.run(None, {"image": x.numpy()})[0]
+        assert got.shape == (batch, 10) and abs(got - expected).max() < 1e-4
