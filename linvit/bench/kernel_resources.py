@@ -202,8 +202,9 @@ def markdown(figure: dict, headline: dict) -> str:
         "",
         "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
         + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
-        + ". A program holds every head of its tokens; above C = 128 channels its tiles and states no longer fit the "
-        "registers of the backward kernels.",
+        + ". A program holds every head of its tokens and each head's d × d state: at head_dim 64 (and at more than "
+        "128 channels) the backward kernels' states, their transposes and tiles exceed the registers and spill "
+        "(query_grad most).",
     ]
     for entry in figure["shapes"]:
         lines += ["", f"## {entry['shape']['name']}", ""]
