@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="load a checkpoint that needs full unpickling (runs code from the file: only for files you trust)",
     )
+    parser.add_argument(
+        "--allow-non-finite", action="store_true", help="export weights that hold NaN/Inf (named in a warning)"
+    )
 
 
 def load_snippet(folder: Path) -> str:
@@ -71,13 +74,16 @@ def load_snippet(folder: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.format == "safetensors":
-        return _export_weights(args)
-    try:
-        return _export_graph(args)
-    except (ValueError, FileNotFoundError, ImportError) as error:
-        sys.stderr.write(f"linvit export: {error}\n")
-        return 2
+    from linvit.io import allow_non_finite_weights
+
+    with allow_non_finite_weights(args.allow_non_finite, opt_out="--allow-non-finite"):
+        if args.format == "safetensors":
+            return _export_weights(args)
+        try:
+            return _export_graph(args)
+        except (ValueError, FileNotFoundError, ImportError) as error:
+            sys.stderr.write(f"linvit export: {error}\n")
+            return 2
 
 
 def _fail(message: str) -> int:
