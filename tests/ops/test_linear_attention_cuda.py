@@ -21,18 +21,23 @@ pytestmark = [
 TOLERANCES = {torch.float32: (2e-3, 5e-3), torch.bfloat16: (3e-2, 6e-2), torch.float16: (1e-2, 3e-2)}
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_compiled_kernels_equal_naive(name, dtype):
-    qkv, kwargs = _inputs(CASES[name], batch=3)
-    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
-    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+def _compiled_agrees(reference: str, qkv, kwargs, dtype) -> None:
+    """The Triton backend on the GPU in ``dtype`` against ``reference`` on the CPU, in value and every gradient."""
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=qkv.dtype)
+    expected, expected_grads = _run(reference, qkv, kwargs, grad_out)
     qkv_gpu, kwargs_gpu = _cast(qkv, kwargs, dtype, torch.device("cuda"))
     out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
     value_tolerance, grad_tolerance = TOLERANCES[dtype]
     _assert_close(out.float().cpu(), expected, value_tolerance)
     for got, want in zip(grads, expected_grads):
         _assert_close(got.float().cpu(), want, grad_tolerance)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compiled_kernels_equal_naive(name, dtype):
+    qkv, kwargs = _inputs(CASES[name], batch=3)
+    _compiled_agrees("naive", qkv, kwargs, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -41,14 +46,7 @@ def test_compiled_kernels_at_a_large_map_span_many_chunks(dtype):
     them (the small cases fit one chunk)."""
     case = {"feature_map": "focused", "hw": (96, 80), "heads": 4, "head_dim": 32, "kernel": 5, "mask": True}
     qkv, kwargs = _inputs(case, dtype=torch.float32, batch=2)
-    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3)
-    expected, expected_grads = _run("torch", qkv, kwargs, grad_out)
-    qkv_gpu, kwargs_gpu = _cast(qkv, kwargs, dtype, torch.device("cuda"))
-    out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
-    value_tolerance, grad_tolerance = TOLERANCES[dtype]
-    _assert_close(out.float().cpu(), expected, value_tolerance)
-    for got, want in zip(grads, expected_grads):
-        _assert_close(got.float().cpu(), want, grad_tolerance)
+    _compiled_agrees("torch", qkv, kwargs, dtype)
 
 
 @pytest.mark.parametrize("model_name", ["linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0"])
