@@ -1,13 +1,16 @@
 """Fused Triton linear attention on a qkv projection, registered as torch custom ops.
 
-``torch.ops.linvit.linear_attention_qkv_forward`` returns the output and the per-head fp32 state (S, z);
-``torch.ops.linvit.linear_attention_qkv_backward`` recomputes the feature maps from q|k|v and returns the gradients
-of qkv, the inverse temperature and the DWC weight and bias. They are Triton ops (``torch.library.triton_op``), so
-``torch.compile`` sees the kernels and fuses the rest of the block around them, and autograd is registered on the
-forward op. The kernels and their memory traffic are described in `triton_forward.py`.
+The forward op (``torch.ops.linvit.linear_attention_qkv_forward``) returns the output and the fp32 partial states of
+its token chunks (S, z and the kept-key counts; the kernels that consume them add them up); the backward op
+(``torch.ops.linvit.linear_attention_qkv_backward``) recomputes the feature maps from q|k|v and returns dL/dqkv and
+the small gradients (inverse temperature, DWC weight and bias) as one fp32 vector. They are Triton ops
+(``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
+The launches (grids, chunking, autotune space) are planned in `triton_launch.py`; the kernels are described in
+`triton_forward.py` and `triton_backward.py`.
 
-Traffic per token (bf16, C channels): forward reads k|v (4C B) and q|v plus the conv halo from cache (4C B), writes
-the output (2C B); backward reads q|k|v and dout (two passes, 14C B) and writes dq|dk|dv (6C B).
+Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (the halo from cache,
+4C B), and writes the output (2C B); backward reads q and dL/dout (4C B), k|v and dL/dout with its DWC taps (6C B),
+v and dL/dout again for the DWC weight (4C B), and writes dq|dk|dv (6C B).
 """
 
 import torch
