@@ -111,6 +111,11 @@ def _optional(tensor: Tensor | None, fallback: Tensor) -> Tensor:
     return fallback if tensor is None else tensor
 
 
+def _walk(qkv: Tensor, chunk: int) -> dict:
+    """The arguments every tiled kernel takes to walk its chunk of the projection output's tokens."""
+    return {"qkv_ptr": qkv, "N": qkv.shape[1], "stride_b": qkv.stride(0), "stride_n": qkv.stride(1), "chunk": chunk}
+
+
 def _position_stride(key_position: Tensor | None) -> int:
     return 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
 
@@ -153,20 +158,16 @@ def forward_plan(
         triton_forward.state_kernel,
         (batch, chunks),
         {
-            "qkv_ptr": qkv,
+            **_walk(qkv, chunk),
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
             "s_ptr": partial_s,
             "z_ptr": partial_z,
             "count_ptr": partial_count,
-            "N": tokens,
-            "stride_b": qkv.stride(0),
-            "stride_n": qkv.stride(1),
             "pos_stride_b": _position_stride(key_position),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "chunk": chunk,
             "feature_eps": feature_eps,
         },
         {**sizes, **flags, "HAS_POS": key_position is not None},
@@ -179,7 +180,7 @@ def forward_plan(
         triton_forward.output_kernel,
         (batch, chunks),
         {
-            "qkv_ptr": qkv,
+            **_walk(qkv, chunk),
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
             "s_ptr": partial_s,
@@ -188,14 +189,10 @@ def forward_plan(
             "w_ptr": _optional(dwc_weight, qkv),
             "bias_ptr": _optional(dwc_bias, qkv),
             "out_ptr": out,
-            "N": tokens,
-            "stride_b": qkv.stride(0),
-            "stride_n": qkv.stride(1),
             "out_stride_b": out.stride(0),
             "out_stride_n": out.stride(1),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "chunk": chunk,
             "grid_h": grid_h,
             "grid_w": grid_w,
             "eps": eps,
@@ -259,7 +256,7 @@ def backward_plan(
         triton_backward.query_grad_kernel,
         (batch, chunks),
         {
-            "qkv_ptr": qkv,
+            **_walk(qkv, chunk),
             "inv_ptr": inv,
             "s_ptr": partial_s,
             "z_ptr": partial_z,
@@ -269,14 +266,10 @@ def backward_plan(
             "ds_ptr": partial_ds,
             "dz_ptr": partial_dz,
             "grads_ptr": query_grads,
-            "N": tokens,
-            "stride_b": qkv.stride(0),
-            "stride_n": qkv.stride(1),
             "do_stride_b": grad_out.stride(0),
             "do_stride_n": grad_out.stride(1),
             "dqkv_stride_b": grad_qkv.stride(0),
             "dqkv_stride_n": grad_qkv.stride(1),
-            "chunk": chunk,
             "eps": eps,
             "feature_eps": feature_eps,
         },
@@ -288,7 +281,7 @@ def backward_plan(
         triton_backward.key_value_grad_kernel,
         (batch, chunks),
         {
-            "qkv_ptr": qkv,
+            **_walk(qkv, chunk),
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": inv,
             "mask_ptr": _optional(mask, qkv),
@@ -299,9 +292,6 @@ def backward_plan(
             "do_ptr": grad_out,
             "dqkv_ptr": grad_qkv,
             "grads_ptr": key_grads,
-            "N": tokens,
-            "stride_b": qkv.stride(0),
-            "stride_n": qkv.stride(1),
             "do_stride_b": grad_out.stride(0),
             "do_stride_n": grad_out.stride(1),
             "dqkv_stride_b": grad_qkv.stride(0),
@@ -309,7 +299,6 @@ def backward_plan(
             "pos_stride_b": _position_stride(key_position),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "chunk": chunk,
             "grads_width": width,
             "grid_h": grid_h,
             "grid_w": grid_w,
@@ -330,18 +319,14 @@ def backward_plan(
         triton_backward.dwc_weight_grad_kernel,
         (batch, chunks, kernel_size * kernel_size),
         {
-            "qkv_ptr": qkv,
+            **_walk(qkv, chunk),
             "mask_ptr": _optional(mask, qkv),
             "do_ptr": grad_out,
             "grads_ptr": key_grads,
-            "N": tokens,
-            "stride_b": qkv.stride(0),
-            "stride_n": qkv.stride(1),
             "do_stride_b": grad_out.stride(0),
             "do_stride_n": grad_out.stride(1),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "chunk": chunk,
             "grads_width": width,
             "grid_h": grid_h,
             "grid_w": grid_w,
