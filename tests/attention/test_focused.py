@@ -6,13 +6,14 @@ import torch.nn.functional as F
 
 from linvit.attention import FocusedLinearAttention, create_attention, linear_attention
 from linvit.attention.feature_maps import elu_feature_map, relu_feature_map, taylor_feature_map
-from linvit.ops.linear_attention import naive
+from linvit.ops import linear_attention_qkv
 
 
 def reference_focused(module, x, hw, table=None, p=3.0):
     """The module's math by the package's reference (the published steps, the N×N attention written out)."""
-    out = naive.linear_attention_qkv(
+    out = linear_attention_qkv(
         module.qkv(x),
+        backend="naive",
         hw=hw,
         num_heads=module.num_heads,
         inverse_temperature=1.0 / F.softplus(module.scale.view(-1)),

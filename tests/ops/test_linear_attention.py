@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from linvit.ops import BACKENDS, get_backend, linear_attention_qkv, resolve_backend, set_backend, use_backend
-from linvit.ops.linear_attention import naive
 
 TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 needs_triton = pytest.mark.skipif(
@@ -129,7 +128,8 @@ def test_triton_half_inputs_keep_float32_state(dtype):
     qkv_half, kwargs_half = _cast(qkv, kwargs, dtype, TRITON_DEVICE)
     out = linear_attention_qkv(qkv_half, backend="triton", **kwargs_half)
     assert out.dtype == dtype and torch.isfinite(out).all()
-    reference = naive.linear_attention_qkv(qkv_half.float().cpu(), **{k: _float(v) for k, v in kwargs_half.items()})
+    kwargs_float = {k: _float(v) for k, v in kwargs_half.items()}
+    reference = linear_attention_qkv(qkv_half.float().cpu(), backend="naive", **kwargs_float)
     _assert_close(out.float().cpu(), reference, 1e-2)
 
 

@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linvit.ops._reference import merge_heads, reference_precision, split_heads
+from linvit.ops.linear_attention.arguments import LinearAttentionArguments
+
 __all__ = ["linear_attention_qkv", "materialised_linear_attention"]
 
 
@@ -57,54 +60,37 @@ def _feature_map(
     return a_p * (a.norm(dim=-1, keepdim=True) / a_p.norm(dim=-1, keepdim=True))
 
 
-def linear_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    feature_map: str = "focused",
-    inverse_temperature: Tensor | None = None,
-    focusing_factor: float = 3.0,
-    key_position: Tensor | None = None,
-    dwc_weight: Tensor | None = None,
-    dwc_bias: Tensor | None = None,
-    key_mask: Tensor | None = None,
-    num_prefix_tokens: int = 0,
-    eps: float = 1e-6,
-    feature_eps: float = 1e-6,
-    prescaled: bool = False,
-) -> Tensor:
-    """See :func:`linvit.ops.linear_attention_qkv` for the arguments; returns (B, N, C) in qkv's dtype."""
-    dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-    with torch.autocast(qkv.device.type if qkv.device.type in ("cpu", "cuda") else "cpu", enabled=False):
-        batch, tokens, three_c = qkv.shape
-        channels = three_c // 3
-        head_dim = channels // num_heads
-        prefix = num_prefix_tokens
-        q, k, v = qkv.to(dtype).split(channels, dim=-1)
-        inverse = None if inverse_temperature is None else inverse_temperature.to(dtype)
-        if key_position is not None:
-            position = key_position.to(dtype).expand(batch, tokens - prefix, channels)
-            if prescaled:  # k holds (k + eps) / s: the position joins it scaled the same way
-                position = position * inverse
-            k = torch.cat([k[:, :prefix], k[:, prefix:] + position], dim=1)
-        q = _feature_map(q, feature_map, inverse, focusing_factor, feature_eps, prescaled)
-        k = _feature_map(k, feature_map, inverse, focusing_factor, feature_eps, prescaled)
-        heads = (batch, tokens, num_heads, head_dim)
-        q, k, v_heads = (t.reshape(heads).transpose(1, 2) for t in (q, k, v))
-        out = (
-            materialised_linear_attention(q, k, v_heads, key_mask, eps).transpose(1, 2).reshape(batch, tokens, channels)
-        )
-        if dwc_weight is not None:
-            if key_mask is not None:
-                v = v * key_mask[..., None]
-            images = v[:, prefix:].reshape(batch, hw[0], hw[1], num_heads, head_dim)
-            images = images.permute(0, 3, 4, 1, 2).reshape(batch * num_heads, head_dim, hw[0], hw[1])
-            bias = None if dwc_bias is None else dwc_bias.to(dtype)
-            local = F.conv2d(images, dwc_weight.to(dtype), bias, padding=dwc_weight.shape[-1] // 2, groups=head_dim)
-            spatial = hw[0] * hw[1]
-            local = (
-                local.reshape(batch, num_heads, head_dim, spatial).permute(0, 3, 1, 2).reshape(batch, spatial, channels)
-            )
-            out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
-    return out.to(qkv.dtype)
+@reference_precision
+def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Tensor:
+    """The steps above on qkv (B, N, 3C) with the checked arguments of :func:`linvit.ops.linear_attention_qkv`
+    (whose ``backend="naive"`` calls this); (B, N, C) in qkv's dtype."""
+    (
+        hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
+        key_mask, prefix, eps, feature_eps, prescaled,
+    ) = arguments  # fmt: skip
+    batch, tokens, three_c = qkv.shape
+    channels = three_c // 3
+    head_dim = channels // num_heads
+    dtype = qkv.dtype
+    q, k, v = qkv.split(channels, dim=-1)
+    inverse = None if inverse_temperature is None else inverse_temperature.to(dtype)
+    if key_position is not None:
+        position = key_position.to(dtype).expand(batch, tokens - prefix, channels)
+        if prescaled:  # k holds (k + eps) / s: the position joins it scaled the same way
+            position = position * inverse
+        k = torch.cat([k[:, :prefix], k[:, prefix:] + position], dim=1)
+    q = _feature_map(q, feature_map, inverse, focusing_factor, feature_eps, prescaled)
+    k = _feature_map(k, feature_map, inverse, focusing_factor, feature_eps, prescaled)
+    q, k, v_heads = (split_heads(t, num_heads) for t in (q, k, v))
+    out = merge_heads(materialised_linear_attention(q, k, v_heads, key_mask, eps))
+    if dwc_weight is not None:
+        if key_mask is not None:
+            v = v * key_mask[..., None]
+        images = v[:, prefix:].reshape(batch, hw[0], hw[1], num_heads, head_dim)
+        images = images.permute(0, 3, 4, 1, 2).reshape(batch * num_heads, head_dim, hw[0], hw[1])
+        bias = None if dwc_bias is None else dwc_bias.to(dtype)
+        local = F.conv2d(images, dwc_weight.to(dtype), bias, padding=dwc_weight.shape[-1] // 2, groups=head_dim)
+        spatial = hw[0] * hw[1]
+        local = local.reshape(batch, num_heads, head_dim, spatial).permute(0, 3, 1, 2).reshape(batch, spatial, channels)
+        out = torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
+    return out

@@ -26,7 +26,6 @@ from linvit.ops._numerics import at_least_float32, autocast_device_type, full_pr
 __all__ = [
     "channels_last_image",
     "depthwise_conv_values",
-    "linear_attention_qkv",
     "linear_attention_tokens",
     "scale_queries_keys",
 ]
@@ -234,33 +233,6 @@ def _attend(
     return out.view(batch, tokens, channels)
 
 
-def linear_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    feature_map: str = "focused",
-    inverse_temperature: Tensor | None = None,
-    focusing_factor: float = 3.0,
-    key_position: Tensor | None = None,
-    dwc_weight: Tensor | None = None,
-    dwc_bias: Tensor | None = None,
-    key_mask: Tensor | None = None,
-    num_prefix_tokens: int = 0,
-    eps: float = 1e-6,
-    feature_eps: float = 1e-6,
-    prescaled: bool = False,
-) -> Tensor:
-    """See :func:`linvit.ops.linear_attention_qkv`; returns (B, N, C) in qkv's dtype.
-
-    With ``prescaled`` and autograd off, q|k of ``qkv`` are overwritten (the caller's own buffer).
-    """
-    return scriptable_linear_attention_qkv(
-        qkv, hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
-        key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
-    )  # fmt: skip
-
-
 def scriptable_linear_attention_qkv(
     qkv: Tensor,
     hw: tuple[int, int],
@@ -277,7 +249,11 @@ def scriptable_linear_attention_qkv(
     feature_eps: float,
     prescaled: bool,
 ) -> Tensor:
-    """`linear_attention_qkv` with positional arguments, which TorchScript needs (it has no keyword-only ones)."""
+    """:func:`linvit.ops.linear_attention_qkv` with its checked arguments in order (``(qkv, *arguments)``, see
+    `arguments.py`), which TorchScript can call (it has no keyword-only arguments); (B, N, C) in qkv's dtype.
+
+    With ``prescaled`` and autograd off, q|k of ``qkv`` are overwritten (the caller's own buffer).
+    """
     batch, tokens, three_c = qkv.shape
     channels = three_c // 3
     prefix = num_prefix_tokens

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_launch
+from linvit.ops.linear_attention.arguments import LinearAttentionArguments
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
@@ -209,24 +210,12 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
 _forward.register_autograd(_backward_from_autograd, setup_context=_setup_context)
 
 
-def linear_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    feature_map: str = "focused",
-    inverse_temperature: Tensor | None = None,
-    focusing_factor: float = 3.0,
-    key_position: Tensor | None = None,
-    dwc_weight: Tensor | None = None,
-    dwc_bias: Tensor | None = None,
-    key_mask: Tensor | None = None,
-    num_prefix_tokens: int = 0,
-    eps: float = 1e-6,
-    feature_eps: float = 1e-6,
-    prescaled: bool = False,
-) -> Tensor:
-    """See :func:`linvit.ops.linear_attention_qkv`; returns (B, N, C) in qkv's dtype."""
+def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Tensor:
+    """:func:`linvit.ops.linear_attention_qkv` on CUDA tensors, with its checked arguments; (B, N, C) in qkv's dtype."""
+    (
+        hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
+        key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
+    ) = arguments  # fmt: skip
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     if key_position is not None:
