@@ -16,11 +16,12 @@ from typing import Any
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_heads, check_token_grid
+from linvit.attention._checks import check_heads
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.linformer import LinformerAttention
 from linvit.attention.nystrom import NystromAttention
 from linvit.attention.window import WindowAttention
+from linvit.ops.windows import check_token_grid
 
 __all__ = ["GLOBAL_BRANCHES", "HybridAttention"]
 

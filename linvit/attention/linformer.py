@@ -22,11 +22,12 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_heads, check_token_grid, to_pair
+from linvit.attention._checks import check_heads, to_pair
 from linvit.attention.positional import resize_positional_table
 from linvit.ops import BACKENDS, linformer_attention_qkv
 from linvit.ops._cells import cell_grid
 from linvit.ops.linformer import torch as eager
+from linvit.ops.windows import check_token_grid
 
 __all__ = ["LINFORMER_PROJECTIONS", "LinformerAttention", "resize_token_projection"]
 

@@ -15,10 +15,11 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_heads, check_token_grid
+from linvit.attention._checks import check_heads
 from linvit.ops import BACKENDS, nystrom_attention_qkv
 from linvit.ops._cells import cell_grid
 from linvit.ops.nystrom import torch as eager
+from linvit.ops.windows import check_token_grid
 
 __all__ = ["NystromAttention"]
 

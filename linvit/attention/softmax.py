@@ -4,7 +4,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._windows import check_heads, check_token_grid
+from linvit.attention._checks import check_heads
+from linvit.ops.windows import check_token_grid
 
 __all__ = ["GlobalAttention"]
 

@@ -23,8 +23,9 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._windows import (
-    check_heads,
+from linvit.attention._checks import check_heads
+from linvit.attention.focused import FocusedLinearAttention
+from linvit.ops.windows import (
     exporting,
     pad_grid,
     padding_valid_map,
@@ -33,7 +34,6 @@ from linvit.attention._windows import (
     window_partition,
     window_reverse,
 )
-from linvit.attention.focused import FocusedLinearAttention
 
 __all__ = [
     "DIRECTIONS",

@@ -23,7 +23,7 @@ import torch
 from timm.layers import to_2tuple, trunc_normal_
 from torch import nn
 
-from linvit.attention._windows import exporting
+from linvit.ops.windows import exporting
 from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.image_input import check_image_batch
 

@@ -43,30 +43,30 @@ def make_optimizer(model: nn.Module, foreach: bool | None = None) -> torch.optim
 
 @contextlib.contextmanager
 def fresh_size_caches() -> Iterator[None]:
-    """Run with an empty, private copy of the cache of size-dependent tensors that ``linvit.attention.window``
+    """Run with an empty, private copy of the cache of size-dependent tensors that ``linvit.ops.windows``
     keeps per input size (window masks, gather indices), serving fake tensors too; the process's cache is back
     afterwards.
 
     A real run builds those tensors on its first call and keeps them; a dry run must do the same to count them
-    (the window module serves no fake tensors from its own cache, so that none reach a real run: this private
+    (the windows module serves no fake tensors from its own cache, so that none reach a real run: this private
     copy is dropped after the dry run for that reason). A measured run must build its own rather than find the
     warm-up's.
     """
-    from linvit.attention import window
+    from linvit.ops import windows
 
-    cache, fake_switch = getattr(window, "_SIZE_CACHE", None), getattr(window, "_fake_mode_active", None)
+    cache, fake_switch = getattr(windows, "_SIZE_CACHE", None), getattr(windows, "_fake_mode_active", None)
     if not isinstance(cache, dict):  # the cache moved or went: nothing to isolate
         yield
         return
-    window._SIZE_CACHE = {}
+    windows._SIZE_CACHE = {}
     if fake_switch is not None:
-        window._fake_mode_active = lambda: False
+        windows._fake_mode_active = lambda: False
     try:
         yield
     finally:
-        window._SIZE_CACHE = cache
+        windows._SIZE_CACHE = cache
         if fake_switch is not None:
-            window._fake_mode_active = fake_switch
+            windows._fake_mode_active = fake_switch
 
 
 @contextlib.contextmanager

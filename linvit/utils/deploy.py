@@ -4,7 +4,7 @@ Both come from one ``torch.export`` trace of the model in eval mode with symboli
 
 - the attention core runs on the ``torch`` backend (:func:`linvit.ops.use_backend`), so on CUDA the Triton kernels
   leave the graph as the same mathematics in standard ops and the exported file runs anywhere;
-- the modules take their branch-free paths while ``torch.export`` traces (:func:`linvit.attention._windows.exporting`):
+- the modules take their branch-free paths while ``torch.export`` traces (:func:`linvit.ops.windows.exporting`):
   windows are min(window, map), maps are always padded to whole windows and padded keys masked, shifts are arithmetic
   on the sizes. One program therefore computes, at every size, what the eager model computes at that size;
 - the example input is larger than the native size (:func:`example_size`), so that every stage has several windows

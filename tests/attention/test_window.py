@@ -101,7 +101,7 @@ def test_window_attention_float32():
 def test_window_attention_gradients_and_cached_masks_follow_the_table():
     """Shifted, padded windows in training: gradients reach the bias table (and x) as in the reference; the cached
     size-derived masks do not freeze the bias, which changes with the table."""
-    from linvit.attention.window import _shifted_window_mask, shifted_window_mask
+    from linvit.ops.window_masks import _shifted_window_mask, shifted_window_mask
 
     module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2, dtype=torch.float64)).train()
     hw = (9, 7)
@@ -184,7 +184,7 @@ LAYOUTS = [((8, 8), (4, 4), (0, 0)), ((9, 7), (4, 4), (2, 2)), ((10, 5), (4, 3),
 @pytest.mark.parametrize("hw,window,shift", LAYOUTS)
 def test_window_gathers_equal_pad_roll_partition_and_back(hw, window, shift):
     """One gather in equals pad + roll + partition on every real position; the gather back is its exact inverse."""
-    from linvit.attention._windows import (
+    from linvit.ops.windows import (
         pad_grid,
         padded_grid_size,
         window_partition,
@@ -209,12 +209,8 @@ def test_window_gathers_equal_pad_roll_partition_and_back(hw, window, shift):
 def test_window_sdpa_mask_has_the_layout_fused_kernels_read():
     """The mask reaches SDPA in q's dtype with rows aligned to 8 elements and a unit last stride (the
     memory-efficient CUDA kernel copies anything else; cuDNN reads it as declared), and equals bias + mask."""
-    from linvit.attention.window import (
-        relative_position_bias,
-        shifted_window_mask,
-        window_attention_mask,
-        window_mask_layout,
-    )
+    from linvit.attention.window import relative_position_bias
+    from linvit.ops.window_masks import shifted_window_mask, window_attention_mask, window_mask_layout
 
     module = _randomise(WindowAttention(16, 2, window_size=7, shift_size=3))
     table, index = module.relative_position_bias_table, module.relative_position_index
@@ -235,7 +231,8 @@ def test_window_sdpa_mask_has_the_layout_fused_kernels_read():
 
 
 def test_window_layouts_are_cached_per_size_device_and_dtype():
-    from linvit.attention.window import window_layout, window_mask_layout
+    from linvit.ops.window_masks import window_mask_layout
+    from linvit.ops.windows import window_layout
 
     cpu = torch.device("cpu")
     first = window_layout((9, 7), (4, 4), (2, 2), cpu)
