@@ -46,20 +46,17 @@ def measure_memory(
     width: int,
     batch: int = 1,
     *,
-    train: bool = False,
-    dtype: str = "fp32",
-    device: str = "cpu",
-    model_kwargs: Mapping[str, Any] | None = None,
     default_malloc: bool = False,
     timeout: float | None = None,
+    **options: Any,
 ) -> Measurement:
     """Run :func:`linvit.memory.workload.run_workload` for real in a fresh process and measure its peak memory.
 
-    The arguments are those of :func:`linvit.memory.estimate_memory`. Raises RuntimeError with the child's error
-    when the run fails (out of memory included).
+    The arguments are those of :func:`linvit.memory.estimate_memory` (``options``: ``train``, ``dtype``, ``device``,
+    ``model_kwargs``, as :func:`measure_runs` takes them), plus ``default_malloc`` and ``timeout``. Raises
+    RuntimeError with the child's error when the run fails (out of memory included).
     """
-    run = {"model": model, "height": height, "width": width, "batch": batch, "train": train, "dtype": dtype}
-    run |= {"device": device, "model_kwargs": dict(model_kwargs or {})}
+    run = {"model": model, "height": height, "width": width, "batch": batch, **options}
     return measure_runs([run], default_malloc=default_malloc, timeout=timeout)[0]
 
 
@@ -78,6 +75,7 @@ def measure_runs(
         if unknown:
             raise ValueError(f"Unknown run options {sorted(unknown)}; see measure_memory's arguments.")
         spec = {"batch": 1, "train": False, "dtype": "fp32", "device": "cpu", "model_kwargs": {}, **run}
+        spec["model_kwargs"] = dict(spec["model_kwargs"] or {})
         check_input(spec["batch"], spec["height"], spec["width"])
         specs.append(spec)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
