@@ -6,7 +6,8 @@ the pretrained cfg and the timm builder.
 - `unwrap_checkpoint`, `is_converted`, `rename_keys`, `one_based_stage`, `fuse_q_kv`: the authors' training files,
   their key names and their separate ``q`` / ``kv`` projections;
 - `resize_positional_encodings`: a checkpoint's learnable positional tables at the model's grids;
-- `family_cfg`, `create_family_model`: the pretrained cfg and the ``timm.create_model`` builder of every family.
+- `family_cfg`, `authors_release`, `create_family_model`: the pretrained cfg (with the authors' released file where
+  there is one) and the ``timm.create_model`` builder of every family.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from linvit.layers import check_creation_arguments
 
 __all__ = [
     "PretrainedFileMixin",
+    "authors_release",
     "create_family_model",
     "family_cfg",
     "family_checkpoint_filter",
@@ -156,6 +158,15 @@ def family_cfg(**kwargs: Any) -> dict[str, Any]:
         # released weights are the authors' training checkpoints: the model reads them itself (safely)
         "custom_load": True,
         **kwargs,
+    }
+
+
+def authors_release(url: str, result: str) -> dict[str, Any]:
+    """The cfg fields of a checkpoint the authors released behind a link timm cannot fetch (it has no file name):
+    where to download it and, in ``notes``, ``result`` (its published accuracy) and how to load the file."""
+    return {
+        "origin_url": url,
+        "notes": (f"authors' release ({result}); download it and pass pretrained_cfg_overlay=dict(file=...)",),
     }
 
 

@@ -35,17 +35,15 @@ from torch import nn
 from linvit.attention import resize_positional_table, square_grid
 from linvit.layers import PreNormBlock, TokenStage, conv_grids
 from linvit.layers.position import tokens_to_map
-from linvit.models._family import (
-    create_family_model,
-    fuse_q_kv,
-    is_converted,
-    one_based_stage,
-    rename_keys,
-    resize_positional_encodings,
-    unwrap_checkpoint,
+from linvit.models._family import authors_release, create_family_model, one_based_stage, resize_positional_encodings
+from linvit.models.flatten_pvt_v2 import (
+    PVT_STAGE_SHAPES,
+    FlattenPvtV2,
+    PatchEmbedStage,
+    _cfg,
+    build_block,
+    convert_authors_checkpoint,
 )
-from linvit.models.flatten_pvt_reduction import check_reductions
-from linvit.models.flatten_pvt_v2 import FlattenPvtV2, PatchEmbedStage, _cfg, build_block
 
 __all__ = ["FlattenPvt", "checkpoint_filter_fn"]
 
@@ -110,7 +108,7 @@ class FlattenPvtStage(PatchEmbedStage):
 class FlattenPvt(FlattenPvtV2):
     """FLatten-PVT backbone and classifier. Features are NCHW at strides 4, 8, 16, 32.
 
-    Arguments as `FlattenPvtV2`'s (``la_sr_ratios`` too, not ``linear``, which PVT v1 lacks), plus
+    Keyword arguments as `FlattenPvtV2`'s (``la_sr_ratios`` too, not ``linear``, which PVT v1 lacks), plus
     ``pos_drop_rate`` (dropout after the position embeddings); the stages are PVT's (non-overlapping patch embeddings
     with position embeddings, plain MLPs, no stage norm).
     """
@@ -118,51 +116,11 @@ class FlattenPvt(FlattenPvtV2):
     group_stem = r"^stages\.0\.(?:patch_embed|pos_embed)"
     no_weight_decay_extra = ("pos_embed",)
 
-    def __init__(
-        self,
-        img_size: int | tuple[int, int] = 224,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        global_pool: str = "avg",
-        embed_dims: Sequence[int] = (64, 128, 320, 512),
-        depths: Sequence[int] = (3, 4, 6, 3),
-        num_heads: Sequence[int] = (1, 2, 5, 8),
-        mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
-        attn_layers: Any = "focused",
-        qkv_bias: bool = True,
-        focusing_factor: float = 3.0,
-        dwc_kernel_size: int = 5,
-        drop_rate: float = 0.0,
-        pos_drop_rate: float = 0.0,
-        proj_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        la_sr_ratios: int | str | Sequence[int] = 1,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, *, pos_drop_rate: float = 0.0, **kwargs: Any):
+        if "linear" in kwargs:
+            raise TypeError("FlattenPvt has no linear option (PVTv2-Li's pooled keys); use FlattenPvtV2 for it.")
         self.pos_drop_rate = pos_drop_rate  # read by build_stage during the frame's construction below
-        super().__init__(
-            img_size=img_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
-            global_pool=global_pool,
-            embed_dims=embed_dims,
-            depths=depths,
-            num_heads=num_heads,
-            mlp_ratios=mlp_ratios,
-            attn_layers=attn_layers,
-            qkv_bias=qkv_bias,
-            focusing_factor=focusing_factor,
-            dwc_kernel_size=dwc_kernel_size,
-            drop_rate=drop_rate,
-            proj_drop_rate=proj_drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            la_sr_ratios=la_sr_ratios,
-            device=device,
-            dtype=dtype,
-        )
+        super().__init__(**kwargs)
 
     def build_stage(self, index: int, in_dim: int, blocks: list[dict[str, Any]], grid: tuple[int, int]) -> TokenStage:
         """Stage ``index``: 4x4 (then 2x2) patch embedding, position embedding, blocks with a plain MLP."""
@@ -196,20 +154,14 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     drops the never-used final `norm`, checks that every block reduces its keys and values as the model's
     (``la_sr_ratios``), and resizes position tables when the model was built for another size.
     """
-    state_dict = unwrap_checkpoint(state_dict)
-    if is_converted(state_dict):
-        out = dict(state_dict)
-    else:
-        # the authors' final norm is built but never applied by their model
-        used = {key: value for key, value in fuse_q_kv(state_dict).items() if not key.startswith("norm.")}
-        rules = [
-            (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
-            (r"^pos_embed(\d+)$", one_based_stage("stages.{stage}.pos_embed")),
-            (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
-            (r"^head\.", "head.fc."),
-        ]
-        out = rename_keys(used, rules)
-    check_reductions(out, model)
+    rules = [
+        (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
+        (r"^pos_embed(\d+)$", one_based_stage("stages.{stage}.pos_embed")),
+        (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+        (r"^head\.", "head.fc."),
+    ]
+    # the authors' final norm is built but never applied by their model
+    out = convert_authors_checkpoint(state_dict, model, rules, keep=lambda key: not key.startswith("norm."))
     return resize_positional_encodings(_resize_pos_embeds_to_model(out, model), model)
 
 
@@ -227,8 +179,7 @@ def _pvt_cfg(**kwargs) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs(
     {
         "flatten_pvt_tiny.in1k": _pvt_cfg(
-            origin_url="https://cloud.tsinghua.edu.cn/f/3ab1d773f19d45648690/?dl=1",
-            notes=("authors' release (77.8% top-1); download it and pass pretrained_cfg_overlay=dict(file=...)",),
+            **authors_release("https://cloud.tsinghua.edu.cn/f/3ab1d773f19d45648690/?dl=1", "77.8% top-1")
         ),
         "flatten_pvt_small.in1k": _pvt_cfg(),
         "flatten_pvt_medium.in1k": _pvt_cfg(),
@@ -236,28 +187,34 @@ default_cfgs = generate_default_cfgs(
     }
 )
 
-_PVT = {"embed_dims": (64, 128, 320, 512), "num_heads": (1, 2, 5, 8), "mlp_ratios": (8, 8, 4, 4)}
-
 
 @register_model
 def flatten_pvt_tiny(pretrained: bool = False, **kwargs) -> FlattenPvt:
     """FLatten-PVT-T: 12.2M params, 2.04G MACs, 77.8% ImageNet-1k top-1 (published)."""
-    return _create_flatten_pvt("flatten_pvt_tiny", pretrained, **dict(dict(_PVT, depths=(2, 2, 2, 2)), **kwargs))
+    return _create_flatten_pvt(
+        "flatten_pvt_tiny", pretrained, **dict(dict(PVT_STAGE_SHAPES, depths=(2, 2, 2, 2)), **kwargs)
+    )
 
 
 @register_model
 def flatten_pvt_small(pretrained: bool = False, **kwargs) -> FlattenPvt:
     """FLatten-PVT-S: 21.7M params, 4.03G MACs, 81.7% ImageNet-1k top-1 (published)."""
-    return _create_flatten_pvt("flatten_pvt_small", pretrained, **dict(dict(_PVT, depths=(3, 4, 6, 3)), **kwargs))
+    return _create_flatten_pvt(
+        "flatten_pvt_small", pretrained, **dict(dict(PVT_STAGE_SHAPES, depths=(3, 4, 6, 3)), **kwargs)
+    )
 
 
 @register_model
 def flatten_pvt_medium(pretrained: bool = False, **kwargs) -> FlattenPvt:
     """FLatten-PVT-M (PVT-M depths 3, 4, 18, 3); the paper publishes no size or accuracy for it."""
-    return _create_flatten_pvt("flatten_pvt_medium", pretrained, **dict(dict(_PVT, depths=(3, 4, 18, 3)), **kwargs))
+    return _create_flatten_pvt(
+        "flatten_pvt_medium", pretrained, **dict(dict(PVT_STAGE_SHAPES, depths=(3, 4, 18, 3)), **kwargs)
+    )
 
 
 @register_model
 def flatten_pvt_large(pretrained: bool = False, **kwargs) -> FlattenPvt:
     """FLatten-PVT-L (PVT-L depths 3, 8, 27, 3); the paper publishes no size or accuracy for it."""
-    return _create_flatten_pvt("flatten_pvt_large", pretrained, **dict(dict(_PVT, depths=(3, 8, 27, 3)), **kwargs))
+    return _create_flatten_pvt(
+        "flatten_pvt_large", pretrained, **dict(dict(PVT_STAGE_SHAPES, depths=(3, 8, 27, 3)), **kwargs)
+    )

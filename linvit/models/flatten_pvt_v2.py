@@ -21,7 +21,7 @@ themselves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -44,6 +44,7 @@ from linvit.layers import (
 )
 from linvit.models._family import (
     PretrainedFileMixin,
+    authors_release,
     create_family_model,
     family_cfg,
     fuse_q_kv,
@@ -55,7 +56,14 @@ from linvit.models._family import (
 )
 from linvit.models.flatten_pvt_reduction import ReducedKeysFocusedAttention, check_reductions, reduction_ratios
 
-__all__ = ["FlattenPvtV2", "PatchEmbedStage", "build_block", "checkpoint_filter_fn"]
+__all__ = [
+    "PVT_STAGE_SHAPES",
+    "FlattenPvtV2",
+    "PatchEmbedStage",
+    "build_block",
+    "checkpoint_filter_fn",
+    "convert_authors_checkpoint",
+]
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -258,6 +266,24 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         return x  # the first stage's patch embedding is the stem
 
 
+def convert_authors_checkpoint(
+    state_dict: dict[str, Any],
+    model: nn.Module,
+    rules: list[tuple[str, Any]],
+    keep: Callable[[str], bool] = lambda key: True,
+) -> dict[str, torch.Tensor]:
+    """The conversion both PVT families share: unwrap the authors' file; unless already in linvit's layout, fuse
+    `attn.q`/`attn.kv` into `attn.qkv`, keep the keys ``keep`` accepts and rename them by ``rules`` (`rename_keys`);
+    then check that every block reduces its keys and values as the model's (`check_reductions`)."""
+    state_dict = unwrap_checkpoint(state_dict)
+    if is_converted(state_dict):
+        state_dict = dict(state_dict)
+    else:
+        state_dict = rename_keys({key: value for key, value in fuse_q_kv(state_dict).items() if keep(key)}, rules)
+    check_reductions(state_dict, model)
+    return state_dict
+
+
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
     """Convert a FLatten-PVTv2 checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
 
@@ -267,20 +293,14 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     a ValueError names a difference), and resizes the positional encodings when the model was built for another
     resolution.
     """
-    state_dict = unwrap_checkpoint(state_dict)
-    if is_converted(state_dict):
-        state_dict = dict(state_dict)
-    else:
-        rules = [
-            (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
-            (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
-            (r"^norm(\d+)\.", one_based_stage("stages.{stage}.norm.")),
-            (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
-            (r"^head\.", "head.fc."),
-        ]
-        state_dict = rename_keys(fuse_q_kv(state_dict), rules)
-    check_reductions(state_dict, model)
-    return resize_positional_encodings(state_dict, model)
+    rules = [
+        (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),
+        (r"^block(\d+)\.(\d+)\.", one_based_stage("stages.{stage}.blocks.{index}.")),
+        (r"^norm(\d+)\.", one_based_stage("stages.{stage}.norm.")),
+        (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
+        (r"^head\.", "head.fc."),
+    ]
+    return resize_positional_encodings(convert_authors_checkpoint(state_dict, model, rules), model)
 
 
 def _create_flatten_pvt_v2(variant: str, pretrained: bool = False, **kwargs) -> FlattenPvtV2:
@@ -300,8 +320,7 @@ def _cfg(paper_id: str = "arXiv:2106.13797", **kwargs) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs(
     {
         "flatten_pvt_v2_b0.in1k": _cfg(
-            origin_url="https://cloud.tsinghua.edu.cn/f/5d1f01532b104da28e7b/?dl=1",
-            notes=("authors' release (71.1% top-1); download it and pass pretrained_cfg_overlay=dict(file=...)",),
+            **authors_release("https://cloud.tsinghua.edu.cn/f/5d1f01532b104da28e7b/?dl=1", "71.1% top-1")
         ),
         "flatten_pvt_v2_b1.in1k": _cfg(),
         "flatten_pvt_v2_b2.in1k": _cfg(),
@@ -311,7 +330,8 @@ default_cfgs = generate_default_cfgs(
     }
 )
 
-_B1_PLUS = {"embed_dims": (64, 128, 320, 512), "num_heads": (1, 2, 5, 8), "mlp_ratios": (8, 8, 4, 4)}
+# the stage widths, heads and MLP ratios of PVTv2-B1 and up (B5: other ratios), and of every PVT (v1) size
+PVT_STAGE_SHAPES = {"embed_dims": (64, 128, 320, 512), "num_heads": (1, 2, 5, 8), "mlp_ratios": (8, 8, 4, 4)}
 
 
 @register_model
@@ -329,28 +349,28 @@ def flatten_pvt_v2_b0(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
 @register_model
 def flatten_pvt_v2_b1(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B1: 12.9M params, 2.22G MACs, 79.5% ImageNet-1k top-1 (published)."""
-    args = dict(_B1_PLUS, depths=(2, 2, 2, 2))
+    args = dict(PVT_STAGE_SHAPES, depths=(2, 2, 2, 2))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b1", pretrained=pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def flatten_pvt_v2_b2(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B2: 22.6M params, 4.25G MACs, 82.5% ImageNet-1k top-1 (published)."""
-    args = dict(_B1_PLUS, depths=(3, 4, 6, 3))
+    args = dict(PVT_STAGE_SHAPES, depths=(3, 4, 6, 3))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b2", pretrained=pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def flatten_pvt_v2_b3(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B3 (PVTv2-B3 depths 3, 4, 18, 3); the paper publishes no size or accuracy for it."""
-    args = dict(_B1_PLUS, depths=(3, 4, 18, 3))
+    args = dict(PVT_STAGE_SHAPES, depths=(3, 4, 18, 3))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b3", pretrained=pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def flatten_pvt_v2_b4(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B4 (PVTv2-B4 depths 3, 8, 27, 3); the paper publishes no size or accuracy for it."""
-    args = dict(_B1_PLUS, depths=(3, 8, 27, 3))
+    args = dict(PVT_STAGE_SHAPES, depths=(3, 8, 27, 3))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b4", pretrained=pretrained, **dict(args, **kwargs))
 
 
@@ -358,5 +378,5 @@ def flatten_pvt_v2_b4(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
 def flatten_pvt_v2_b5(pretrained: bool = False, **kwargs) -> FlattenPvtV2:
     """FLatten-PVTv2-B5 (PVTv2-B5: depths 3, 6, 40, 3, MLP ratio 4): 67.06M params, as the authors' code builds it
     (no reduction, their configs' 1111); the paper publishes no size or accuracy for it."""
-    args = dict(_B1_PLUS, mlp_ratios=(4, 4, 4, 4), depths=(3, 6, 40, 3))
+    args = dict(PVT_STAGE_SHAPES, mlp_ratios=(4, 4, 4, 4), depths=(3, 6, 40, 3))
     return _create_flatten_pvt_v2("flatten_pvt_v2_b5", pretrained=pretrained, **dict(args, **kwargs))
