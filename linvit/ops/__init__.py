@@ -12,6 +12,9 @@ choose the implementation per module (``backend=``) or for the whole process::
         ...
 
 "auto" (the default) runs the Triton kernels on CUDA tensors when Triton imports, eager PyTorch otherwise.
+`nystrom` and `linformer` have no Triton kernel: "triton" runs their eager path, whose work is already in PyTorch's
+fused attention kernels. (Importing an operator's submodule `torch` binds that name in the operator's package: the
+packages' `__init__` files use only names imported from torch, never `torch.` itself.)
 """
 
 from linvit.ops._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend

@@ -6,7 +6,7 @@ import torch
 from _module_testing import randomise, tokens
 
 from linvit.attention import GlobalAttention, LinformerAttention, create_attention, resize_token_projection
-from linvit.ops.linformer import naive
+from linvit.ops import linformer_attention_qkv
 
 
 @pytest.mark.parametrize("hw", [(4, 4), (5, 9)])
@@ -15,8 +15,8 @@ def test_learned_module_equals_the_reference_at_its_grid_and_resized_at_others(h
     module = module.double()
     x = tokens(2, hw, 24)
     expected = module.proj(
-        naive.linformer_attention_qkv(
-            module.qkv(x), hw=hw, num_heads=3,
+        linformer_attention_qkv(
+            module.qkv(x), hw=hw, num_heads=3, backend="naive",
             key_projection=resize_token_projection(module.key_projection, (4, 4), hw),
             value_projection=resize_token_projection(module.value_projection, (4, 4), hw),
         )
@@ -27,7 +27,8 @@ def test_learned_module_equals_the_reference_at_its_grid_and_resized_at_others(h
 def test_pooled_module_equals_the_reference():
     module = randomise(LinformerAttention(24, 3, projected_size=(2, 3), dtype=torch.float64))
     x = tokens(2, (5, 7), 24)
-    expected = module.proj(naive.linformer_attention_qkv(module.qkv(x), hw=(5, 7), num_heads=3, pool_grid=(2, 3)))
+    out = linformer_attention_qkv(module.qkv(x), hw=(5, 7), num_heads=3, pool_grid=(2, 3), backend="naive")
+    expected = module.proj(out)
     torch.testing.assert_close(module(x, (5, 7)), expected, rtol=1e-10, atol=1e-10)
 
 

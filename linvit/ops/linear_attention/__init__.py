@@ -2,8 +2,7 @@
 
 One keyword-only signature, three implementations (see :mod:`linvit.ops._backend`): `naive.py` (the reference),
 `torch.py` (eager) and `triton.py` (fused kernels, torch custom ops). The entry here checks and normalises the
-arguments once (`arguments.py`) and hands the backend one :class:`LinearAttentionArguments`. (Importing the submodule `torch` binds that
-name in this package: this file uses only names imported from torch, never `torch.` itself.)
+arguments once (`arguments.py`) and hands the backend one :class:`LinearAttentionArguments`.
 """
 
 from __future__ import annotations
@@ -66,13 +65,11 @@ def linear_attention_qkv(
             projection). The caller hands over the buffer: with autograd off the torch backend maps it in place.
         backend: "auto", "torch", "triton" or "naive" (see :mod:`linvit.ops`).
     """
-    arguments = checked_arguments(
-        qkv,
-        LinearAttentionArguments(
-            hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
-            key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
-        ),  # fmt: skip
-    )
+    given = LinearAttentionArguments(
+        hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
+        key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
+    )  # fmt: skip
+    arguments = checked_arguments(qkv, given)
     name = resolve_backend(backend, qkv.device)
     if name == "triton" and qkv.numel() > 0:  # an empty batch launches nothing: the eager path returns it
         from linvit.ops.linear_attention import triton as fused

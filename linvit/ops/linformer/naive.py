@@ -22,43 +22,28 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linvit.ops._cells import cell_means_reference, clamp_cells
+from linvit.ops._reference import merge_heads, reference_precision, split_heads
+from linvit.ops.linformer.arguments import LinformerArguments
 
 __all__ = ["linformer_attention_qkv"]
 
 
-def linformer_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    key_projection: Tensor | None = None,
-    value_projection: Tensor | None = None,
-    pool_grid: tuple[int, int] | None = None,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-) -> Tensor:
-    """See :func:`linvit.ops.linformer_attention_qkv` for the arguments; returns (B, N, C) in qkv's dtype."""
-    dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-    with torch.autocast(qkv.device.type if qkv.device.type in ("cpu", "cuda") else "cpu", enabled=False):
-        batch, tokens, three_c = qkv.shape
-        channels = three_c // 3
-        head_dim = channels // num_heads
-        s = head_dim**-0.5 if scale is None else scale
-        q, k, v = qkv.to(dtype).split(channels, dim=-1)
-        if pool_grid is not None:
-            cells = clamp_cells(pool_grid, hw)
-            k, v = cell_means_reference(k, hw, cells), cell_means_reference(v, hw, cells)
-        else:
-            assert key_projection is not None and value_projection is not None
-            k = torch.einsum("pn,bnc->bpc", key_projection.to(dtype), k)
-            v = torch.einsum("pn,bnc->bpc", value_projection.to(dtype), v)
-
-        def heads(x: Tensor) -> Tensor:  # (B, n, C) -> (B, h, n, d)
-            return x.reshape(batch, x.shape[1], num_heads, head_dim).transpose(1, 2)
-
-        q, k, v = heads(q), heads(k), heads(v)
-        probabilities = torch.softmax(q @ k.transpose(-2, -1) * s, dim=-1)  # (B, h, N, k)
-        if dropout_p > 0:
-            probabilities = F.dropout(probabilities, dropout_p)
-        out = (probabilities @ v).transpose(1, 2).reshape(batch, tokens, channels)
-    return out.to(qkv.dtype)
+@reference_precision
+def linformer_attention_qkv(qkv: Tensor, arguments: LinformerArguments) -> Tensor:
+    """The steps above on qkv (B, N, 3C) with the checked arguments of :func:`linvit.ops.linformer_attention_qkv`
+    (whose ``backend="naive"`` calls this); (B, N, C) in qkv's dtype."""
+    hw, num_heads, key_projection, value_projection, pool_grid, dropout_p, scale = arguments
+    s = (qkv.shape[-1] // 3 // num_heads) ** -0.5 if scale is None else scale
+    q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
+    if pool_grid is not None:
+        cells = clamp_cells(pool_grid, hw)
+        k, v = cell_means_reference(k, hw, cells), cell_means_reference(v, hw, cells)
+    else:
+        assert key_projection is not None and value_projection is not None
+        k = torch.einsum("pn,bnc->bpc", key_projection.to(qkv.dtype), k)
+        v = torch.einsum("pn,bnc->bpc", value_projection.to(qkv.dtype), v)
+    q, k, v = split_heads(q, num_heads), split_heads(k, num_heads), split_heads(v, num_heads)
+    probabilities = torch.softmax(q @ k.transpose(-2, -1) * s, dim=-1)  # (B, h, N, k)
+    if dropout_p > 0:
+        probabilities = F.dropout(probabilities, dropout_p)
+    return merge_heads(probabilities @ v)

@@ -16,55 +16,38 @@ from torch import Tensor
 from linvit.ops._cells import cell_means, clamp_cells
 from linvit.ops._numerics import at_least_float32, autocast_device_type
 
-__all__ = ["linformer_attention_qkv", "scriptable_linformer_attention_qkv"]
+__all__ = ["scriptable_linformer_attention_qkv"]
 
 
-def _attend(
+def _project(
     qkv: Tensor,
     hw: tuple[int, int],
-    num_heads: int,
     key_projection: Tensor | None,
     value_projection: Tensor | None,
     pool_grid: tuple[int, int] | None,
-    dropout_p: float,
-    scale: float | None,
-) -> Tensor:
-    """The Linformer mixture in at least float32, (B, N, C)."""
+) -> tuple[Tensor, Tensor]:
+    """Keys and values projected along the token axis in at least float32, (B, k, C) each."""
+    channels = qkv.shape[-1] // 3
+    if pool_grid is not None:
+        projected = cell_means(at_least_float32(qkv[..., channels:]), hw, clamp_cells(pool_grid, hw))  # K' | V'
+        return projected[..., :channels], projected[..., channels:]
+    assert key_projection is not None and value_projection is not None
+    keys = torch.matmul(at_least_float32(key_projection), at_least_float32(qkv[..., channels : 2 * channels]))
+    values = torch.matmul(at_least_float32(value_projection), at_least_float32(qkv[..., 2 * channels :]))
+    return keys, values
+
+
+def _attend(qkv: Tensor, keys: Tensor, values: Tensor, num_heads: int, dropout_p: float, scale: float | None) -> Tensor:
+    """The queries of qkv over the projected keys and values in at least float32, (B, N, C)."""
     batch, tokens, three_c = qkv.shape
     channels = three_c // 3
     head_dim = channels // num_heads
-    qkv = at_least_float32(qkv)
-    q = qkv[..., :channels]
-    if pool_grid is not None:
-        projected = cell_means(qkv[..., channels:], hw, clamp_cells(pool_grid, hw))  # (B, k, 2C): K' | V'
-        keys, values = projected[..., :channels], projected[..., channels:]
-    else:
-        assert key_projection is not None and value_projection is not None
-        keys = torch.matmul(at_least_float32(key_projection), qkv[..., channels : 2 * channels])  # (B, k, C)
-        values = torch.matmul(at_least_float32(value_projection), qkv[..., 2 * channels :])
     count = keys.shape[1]
-    q = q.reshape(batch, tokens, num_heads, head_dim).transpose(1, 2)  # (B, h, N, d)
+    q = at_least_float32(qkv[..., :channels]).reshape(batch, tokens, num_heads, head_dim).transpose(1, 2)
     keys = keys.reshape(batch, count, num_heads, head_dim).transpose(1, 2)  # (B, h, k, d)
     values = values.reshape(batch, count, num_heads, head_dim).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, keys, values, dropout_p=dropout_p, scale=scale)
     return out.transpose(1, 2).reshape(batch, tokens, channels)
-
-
-def linformer_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    key_projection: Tensor | None = None,
-    value_projection: Tensor | None = None,
-    pool_grid: tuple[int, int] | None = None,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-) -> Tensor:
-    """See :func:`linvit.ops.linformer_attention_qkv`; returns (B, N, C) in qkv's dtype."""
-    return scriptable_linformer_attention_qkv(
-        qkv, hw, num_heads, key_projection, value_projection, pool_grid, dropout_p, scale
-    )
 
 
 def scriptable_linformer_attention_qkv(
@@ -77,10 +60,13 @@ def scriptable_linformer_attention_qkv(
     dropout_p: float,
     scale: float | None,
 ) -> Tensor:
-    """`linformer_attention_qkv` with positional arguments, which TorchScript needs (it has no keyword-only ones)."""
+    """:func:`linvit.ops.linformer_attention_qkv` with its checked arguments in order (``(qkv, *arguments)``, see
+    `arguments.py`), which TorchScript can call (it has no keyword-only arguments); (B, N, C) in qkv's dtype."""
     if torch.jit.is_scripting():
-        out = _attend(qkv, hw, num_heads, key_projection, value_projection, pool_grid, dropout_p, scale)
+        keys, values = _project(qkv, hw, key_projection, value_projection, pool_grid)
+        out = _attend(qkv, keys, values, num_heads, dropout_p, scale)
     else:
         with torch.autocast(device_type=autocast_device_type(qkv), enabled=False):
-            out = _attend(qkv, hw, num_heads, key_projection, value_projection, pool_grid, dropout_p, scale)
+            keys, values = _project(qkv, hw, key_projection, value_projection, pool_grid)
+            out = _attend(qkv, keys, values, num_heads, dropout_p, scale)
     return out.to(qkv.dtype)

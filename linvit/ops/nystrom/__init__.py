@@ -1,9 +1,7 @@
 """Nyströmformer attention straight from a qkv projection: softmax attention through m landmarks.
 
-One keyword-only signature, two implementations (see :mod:`linvit.ops._backend`): `naive.py` (the reference, every
-matrix written out) and `torch.py` (eager, two fused softmax-attention calls). There is no Triton kernel: "triton"
-(and "auto" on CUDA) runs the eager path, whose work is already in PyTorch's fused attention kernels.
-(Importing the submodule `torch` binds that name in this package: this file never uses `torch.` itself.)
+Its arguments are checked once (`arguments.py`) and handed to `naive.py` (the reference, every matrix written out) or
+to `torch.py` (eager, two fused softmax-attention calls; also what "triton" runs, see :mod:`linvit.ops`).
 """
 
 from __future__ import annotations
@@ -11,36 +9,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from linvit.ops._backend import resolve_backend
-from linvit.ops._cells import cell_grid
 from linvit.ops.nystrom import naive
 from linvit.ops.nystrom import torch as eager
+from linvit.ops.nystrom.arguments import NystromArguments, checked_arguments
 
-__all__ = ["nystrom_attention_qkv"]
-
-
-def _check(
-    qkv: Tensor,
-    hw: tuple[int, int],
-    num_heads: int,
-    pinv_iterations: int,
-    conv_weight: Tensor | None,
-) -> None:
-    if qkv.dim() != 3 or qkv.shape[-1] % 3 != 0 or (qkv.shape[-1] // 3) % num_heads != 0:
-        raise ValueError(
-            f"qkv must be (B, N, 3C) with C divisible by num_heads={num_heads} (a qkv projection's output), got "
-            f"{tuple(qkv.shape)}."
-        )
-    if qkv.shape[1] != hw[0] * hw[1]:
-        raise ValueError(f"hw={tuple(hw)} gives {hw[0] * hw[1]} tokens but qkv has {qkv.shape[1]}; N must be H * W.")
-    if pinv_iterations < 0:
-        raise ValueError(f"pinv_iterations must be >= 0, got {pinv_iterations}; the paper uses 6.")
-    if conv_weight is not None and (
-        conv_weight.dim() != 4 or conv_weight.shape[:2] != (num_heads, 1) or conv_weight.shape[-1] % 2 == 0
-    ):
-        raise ValueError(
-            f"conv_weight must be (num_heads, 1, k, k) = ({num_heads}, 1, k, k) with odd k, one kernel per head; got "
-            f"{tuple(conv_weight.shape)}."
-        )
+__all__ = ["NystromArguments", "nystrom_attention_qkv"]
 
 
 def nystrom_attention_qkv(
@@ -72,17 +45,9 @@ def nystrom_attention_qkv(
         scale: of the logits; d^-1/2 when None.
         backend: "auto", "torch", "triton" (runs "torch": no fused kernel of its own) or "naive".
     """
-    hw = (int(hw[0]), int(hw[1]))
-    landmark_grid = cell_grid(landmark_grid, "landmark_grid")
-    _check(qkv, hw, num_heads, pinv_iterations, conv_weight)
-    arguments = {
-        "hw": hw,
-        "num_heads": num_heads,
-        "landmark_grid": landmark_grid,
-        "pinv_iterations": int(pinv_iterations),
-        "conv_weight": conv_weight,
-        "scale": scale,
-    }
+    arguments = checked_arguments(
+        qkv, NystromArguments(hw, num_heads, landmark_grid, pinv_iterations, conv_weight, scale)
+    )
     if resolve_backend(backend, qkv.device) == "naive":
-        return naive.nystrom_attention_qkv(qkv, **arguments)
-    return eager.nystrom_attention_qkv(qkv, **arguments)
+        return naive.nystrom_attention_qkv(qkv, arguments)
+    return eager.scriptable_nystrom_attention_qkv(qkv, *arguments)

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linvit.ops._cells import cell_means_reference, clamp_cells
+from linvit.ops._reference import merge_heads, reference_precision, split_heads
+from linvit.ops.nystrom.arguments import NystromArguments
 
 __all__ = ["iterative_pseudo_inverse", "nystrom_attention_qkv"]
 
@@ -47,41 +49,27 @@ def iterative_pseudo_inverse(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
-def nystrom_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    landmark_grid: tuple[int, int],
-    pinv_iterations: int = 6,
-    conv_weight: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
-    """See :func:`linvit.ops.nystrom_attention_qkv` for the arguments; returns (B, N, C) in qkv's dtype."""
-    dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-    with torch.autocast(qkv.device.type if qkv.device.type in ("cpu", "cuda") else "cpu", enabled=False):
-        batch, tokens, three_c = qkv.shape
-        channels = three_c // 3
-        head_dim = channels // num_heads
-        s = head_dim**-0.5 if scale is None else scale
-        cells = clamp_cells(landmark_grid, hw)
-        q, k, v = qkv.to(dtype).split(channels, dim=-1)
-        q_landmarks = cell_means_reference(q, hw, cells)  # (B, m, C): the mean over the channels of every head
-        k_landmarks = cell_means_reference(k, hw, cells)
-
-        def heads(x: Tensor) -> Tensor:  # (B, n, C) -> (B, h, n, d)
-            return x.reshape(batch, x.shape[1], num_heads, head_dim).transpose(1, 2)
-
-        q, k, v, q_landmarks, k_landmarks = (heads(t) for t in (q, k, v, q_landmarks, k_landmarks))
-        f = torch.softmax(q @ k_landmarks.transpose(-2, -1) * s, dim=-1)  # (B, h, N, m)
-        a = torch.softmax(q_landmarks @ k_landmarks.transpose(-2, -1) * s, dim=-1)  # (B, h, m, m)
-        b = torch.softmax(q_landmarks @ k.transpose(-2, -1) * s, dim=-1)  # (B, h, m, N)
-        out = f @ iterative_pseudo_inverse(a, pinv_iterations) @ (b @ v)  # (B, h, N, d)
-        if conv_weight is not None:
-            weight = conv_weight.to(dtype)
-            for head in range(num_heads):
-                images = v[:, head].transpose(1, 2).reshape(batch * head_dim, 1, hw[0], hw[1])  # one per channel
-                local = F.conv2d(images, weight[head : head + 1], padding=weight.shape[-1] // 2)
-                out[:, head] += local.reshape(batch, head_dim, tokens).transpose(1, 2)
-        out = out.transpose(1, 2).reshape(batch, tokens, channels)
-    return out.to(qkv.dtype)
+@reference_precision
+def nystrom_attention_qkv(qkv: Tensor, arguments: NystromArguments) -> Tensor:
+    """The steps above on qkv (B, N, 3C) with the checked arguments of :func:`linvit.ops.nystrom_attention_qkv`
+    (whose ``backend="naive"`` calls this); (B, N, C) in qkv's dtype."""
+    hw, num_heads, landmark_grid, pinv_iterations, conv_weight, scale = arguments
+    batch, tokens, three_c = qkv.shape
+    head_dim = three_c // 3 // num_heads
+    s = head_dim**-0.5 if scale is None else scale
+    cells = clamp_cells(landmark_grid, hw)
+    q, k, v = qkv.split(three_c // 3, dim=-1)
+    q_landmarks = cell_means_reference(q, hw, cells)  # (B, m, C): the mean over the channels of every head
+    k_landmarks = cell_means_reference(k, hw, cells)
+    q, k, v, q_landmarks, k_landmarks = (split_heads(t, num_heads) for t in (q, k, v, q_landmarks, k_landmarks))
+    f = torch.softmax(q @ k_landmarks.transpose(-2, -1) * s, dim=-1)  # (B, h, N, m)
+    a = torch.softmax(q_landmarks @ k_landmarks.transpose(-2, -1) * s, dim=-1)  # (B, h, m, m)
+    b = torch.softmax(q_landmarks @ k.transpose(-2, -1) * s, dim=-1)  # (B, h, m, N)
+    out = f @ iterative_pseudo_inverse(a, pinv_iterations) @ (b @ v)  # (B, h, N, d)
+    if conv_weight is not None:
+        weight = conv_weight.to(qkv.dtype)
+        for head in range(num_heads):
+            images = v[:, head].transpose(1, 2).reshape(batch * head_dim, 1, hw[0], hw[1])  # one per channel
+            local = F.conv2d(images, weight[head : head + 1], padding=weight.shape[-1] // 2)
+            out[:, head] += local.reshape(batch, head_dim, tokens).transpose(1, 2)
+    return merge_heads(out)

@@ -22,7 +22,7 @@ from linvit.ops._cells import cell_means, clamp_cells
 from linvit.ops._numerics import at_least_float32, autocast_device_type
 from linvit.ops.linear_attention.torch import channels_last_image
 
-__all__ = ["head_conv_values", "iterative_pseudo_inverse", "nystrom_attention_qkv", "scriptable_nystrom_attention_qkv"]
+__all__ = ["head_conv_values", "iterative_pseudo_inverse", "scriptable_nystrom_attention_qkv"]
 
 
 def _identity_minus(c: float, x: Tensor) -> Tensor:
@@ -82,20 +82,6 @@ def _attend(
     return out
 
 
-def nystrom_attention_qkv(
-    qkv: Tensor,
-    *,
-    hw: tuple[int, int],
-    num_heads: int,
-    landmark_grid: tuple[int, int],
-    pinv_iterations: int = 6,
-    conv_weight: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
-    """See :func:`linvit.ops.nystrom_attention_qkv`; returns (B, N, C) in qkv's dtype."""
-    return scriptable_nystrom_attention_qkv(qkv, hw, num_heads, landmark_grid, pinv_iterations, conv_weight, scale)
-
-
 def scriptable_nystrom_attention_qkv(
     qkv: Tensor,
     hw: tuple[int, int],
@@ -105,7 +91,8 @@ def scriptable_nystrom_attention_qkv(
     conv_weight: Tensor | None,
     scale: float | None,
 ) -> Tensor:
-    """`nystrom_attention_qkv` with positional arguments, which TorchScript needs (it has no keyword-only ones)."""
+    """:func:`linvit.ops.nystrom_attention_qkv` with its checked arguments in order (``(qkv, *arguments)``, see
+    `arguments.py`), which TorchScript can call (it has no keyword-only arguments); (B, N, C) in qkv's dtype."""
     channels = qkv.shape[-1] // 3
     cells = clamp_cells(landmark_grid, hw)
     skip: Tensor | None = None
