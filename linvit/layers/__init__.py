@@ -7,7 +7,13 @@ from linvit.layers.downsample import ConvDownsample
 from linvit.layers.heads import ClassifierHeadMixin, LinearHeadMixin
 from linvit.layers.image_input import check_image_batch, min_size_pair
 from linvit.layers.position import ConvPosEnc, map_to_tokens, tokens_to_map
-from linvit.layers.stage import TokenStage, conv_grids, drop_path_rates, stage_attention_kwargs
+from linvit.layers.stage import (
+    TokenStage,
+    conv_grids,
+    drop_path_rates,
+    family_attention_options,
+    stage_attention_kwargs,
+)
 from linvit.layers.stem import ConvStem
 
 __all__ = [
@@ -25,6 +31,7 @@ __all__ = [
     "check_image_batch",
     "conv_grids",
     "drop_path_rates",
+    "family_attention_options",
     "init_linear_weights",
     "map_to_tokens",
     "min_size_pair",

@@ -5,6 +5,7 @@
   tables to a new token grid;
 - :func:`conv_grids`: the token grid of every stage for an input size;
 - :func:`drop_path_rates`: stochastic depth rising linearly over all blocks, split per stage;
+- :func:`family_attention_options`: the settings a FLatten family gives every attention it builds;
 - :func:`stage_attention_kwargs`: the keyword arguments of a stage's attention from its spec and the traits of its
   registry entry (window, positional grid, family options).
 
@@ -25,7 +26,7 @@ from torch import nn
 from linvit.attention import FocusedLinearAttention, attention_kind, attention_options
 from linvit.layers.position import map_to_tokens, tokens_to_map
 
-__all__ = ["TokenStage", "conv_grids", "drop_path_rates", "stage_attention_kwargs"]
+__all__ = ["TokenStage", "conv_grids", "drop_path_rates", "family_attention_options", "stage_attention_kwargs"]
 
 
 def conv_grids(
@@ -52,6 +53,21 @@ def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> list[list[f
     rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
     starts = [sum(depths[:i]) for i in range(len(depths))]
     return [rates[start : start + depth] for start, depth in zip(starts, depths)]
+
+
+def family_attention_options(
+    qkv_bias: bool, attn_drop: float, proj_drop: float, focusing_factor: float, dwc_kernel_size: int, **extra: Any
+) -> dict[str, Any]:
+    """The ``options`` of `stage_attention_kwargs` that a FLatten family's constructor takes for every attention it
+    builds: the qkv bias, the dropouts, FLatten's focusing power and depthwise-conv kernel, and ``extra``."""
+    return {
+        "qkv_bias": qkv_bias,
+        "attn_drop": attn_drop,
+        "proj_drop": proj_drop,
+        "focusing_factor": focusing_factor,
+        "dwc_kernel_size": dwc_kernel_size,
+        **extra,
+    }
 
 
 def stage_attention_kwargs(

@@ -33,6 +33,7 @@ from linvit.layers import (
     LinearHeadMixin,
     PreNormBlock,
     drop_path_rates,
+    family_attention_options,
     init_linear_weights,
     stage_attention_kwargs,
     take_feature_indices,
@@ -129,14 +130,9 @@ class FlattenDeiT(PretrainedFileMixin, LinearHeadMixin, Backbone):
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        options = {
-            "qkv_bias": qkv_bias,
-            "attn_drop": attn_drop_rate,
-            "proj_drop": proj_drop_rate,
-            "focusing_factor": focusing_factor,
-            "dwc_kernel_size": dwc_kernel_size,
-            "num_prefix_tokens": 1,
-        }
+        options = family_attention_options(
+            qkv_bias, attn_drop_rate, proj_drop_rate, focusing_factor, dwc_kernel_size, num_prefix_tokens=1
+        )
         attn_kwargs = stage_attention_kwargs(name, explicit, options, pos_size=grid)
         self.blocks = nn.ModuleList(
             [

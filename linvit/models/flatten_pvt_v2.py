@@ -39,6 +39,7 @@ from linvit.layers import (
     TokenStage,
     conv_grids,
     drop_path_rates,
+    family_attention_options,
     init_linear_weights,
     stage_attention_kwargs,
 )
@@ -206,13 +207,7 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.drop_rate = drop_rate
 
-        options = {
-            "qkv_bias": qkv_bias,
-            "attn_drop": attn_drop_rate,
-            "proj_drop": proj_drop_rate,
-            "focusing_factor": focusing_factor,
-            "dwc_kernel_size": dwc_kernel_size,
-        }
+        options = family_attention_options(qkv_bias, attn_drop_rate, proj_drop_rate, focusing_factor, dwc_kernel_size)
         grids = self.stage_grids(self.img_size)
         stages = []
         for i, rates in enumerate(drop_path_rates(drop_path_rate, depths)):

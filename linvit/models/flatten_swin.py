@@ -58,6 +58,7 @@ from linvit.layers import (
     TokenStage,
     conv_grids,
     drop_path_rates,
+    family_attention_options,
     init_linear_weights,
     stage_attention_kwargs,
 )
@@ -245,13 +246,7 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
             if self.absolute_pos_embed.device.type != "meta":
                 nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
         grids = self.stage_grids(self.img_size)
-        options = {
-            "qkv_bias": qkv_bias,
-            "attn_drop": attn_drop_rate,
-            "proj_drop": proj_drop_rate,
-            "focusing_factor": focusing_factor,
-            "dwc_kernel_size": dwc_kernel_size,
-        }
+        options = family_attention_options(qkv_bias, attn_drop_rate, proj_drop_rate, focusing_factor, dwc_kernel_size)
         stages = []
         for i, ((name, explicit), rates) in enumerate(zip(specs, drop_path_rates(drop_path_rate, depths))):
             stage_options = dict(options)
