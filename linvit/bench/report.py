@@ -1,4 +1,5 @@
-"""Markdown tables, target checks and PNG plots from ``results.json`` (no torch needed)."""
+"""Markdown tables, target checks and PNG plots (drawn by :mod:`linvit.bench.plots`) from ``results.json`` (no torch
+needed)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _index(data: dict) -> dict[str, dict]:
     return merged
 
 
-def _rows(index: dict, suite: str) -> list[dict]:
+def suite_rows(index: dict, suite: str) -> list[dict]:
+    """The merged rows of one suite (``operators``, ``backbones``, ...)."""
     return [row for row in index.values() if row["case"]["suite"] == suite]
 
 
@@ -61,7 +63,8 @@ def _find(rows: list[dict], **match) -> dict | None:
     return None
 
 
-def _ok(row: dict | None, field: str = "latency_ms") -> float | None:
+def measured(row: dict | None, field: str = "latency_ms") -> float | None:
+    """The row's ``field`` where the run (and, for memory fields, its memory run) succeeded; else None."""
     if row is None or row.get("status") != "ok" or row.get(field) is None:
         return None
     if field in ("peak_mib", "activation_mib") and row.get("memory_status") != "ok":
@@ -72,7 +75,7 @@ def _ok(row: dict | None, field: str = "latency_ms") -> float | None:
 # ----------------------------------------------------------------------------------------------- targets
 def _cpu_ratio(row: dict | None, reference: dict | None) -> str:
     """'; CPU-time ratio r' when both rows have CPU times (less sensitive to a shared machine than wall time)."""
-    a, b = _ok(row, "cpu_ms"), _ok(reference, "cpu_ms")
+    a, b = measured(row, "cpu_ms"), measured(reference, "cpu_ms")
     return f"; CPU-time ratio {a / b:.2f}" if a and b else ""
 
 
@@ -86,15 +89,15 @@ def _target(name: str, value: float | None, limit: float, at_most: bool, detail:
 
 
 def targets(index: dict) -> list[dict]:
-    ops = _rows(index, "operators")
-    bbs = _rows(index, "backbones")
-    train = _rows(index, "training")
+    ops = suite_rows(index, "operators")
+    bbs = suite_rows(index, "backbones")
+    train = suite_rows(index, "training")
     out = []
     for size, heads, limit in ((128, 4, 0.8), (56, 3, 1.0)):
         for mode in ("fwd", "fwdbwd"):
             common = {"map": size, "heads": heads, "head_dim": 32, "mode": mode}
-            focused = _ok(_find(ops, op="linvit_focused", **common))
-            windows = {name: _ok(_find(ops, op=name, **common)) for name in ("linvit_window", "timm_window_sdpa")}
+            focused = measured(_find(ops, op="linvit_focused", **common))
+            windows = {name: measured(_find(ops, op=name, **common)) for name in ("linvit_window", "timm_window_sdpa")}
             windows = {k: v for k, v in windows.items() if v is not None}
             best = min(windows, key=windows.get) if windows else None
             ratio = focused / windows[best] if focused is not None and best else None
@@ -102,14 +105,14 @@ def targets(index: dict) -> list[dict]:
             cpu = _cpu_ratio(_find(ops, op="linvit_focused", **common), best and _find(ops, op=best, **common))
             out.append(_target(label, ratio, limit, True, f"vs fastest window: {best}{cpu}" if best else ""))
             authors_row = _find(ops, op="authors_focused", **common)
-            authors = _ok(authors_row)
+            authors = measured(authors_row)
             speedup = authors / focused if authors is not None and focused is not None else None
             label = f"speed-up over the authors' formulation, {size}², {heads} heads, {mode}"
             cpu = _cpu_ratio(authors_row, _find(ops, op="linvit_focused", **common))
             out.append(_target(label, speedup, 2.0, False, cpu.lstrip("; ")))
 
     def latency(model: str, size: int) -> float | None:
-        return _ok(_find(bbs, model=model, height=size, width=size))
+        return measured(_find(bbs, model=model, height=size, width=size))
 
     tiny = latency("linvit_tiny", 1024)
     for other, limit in (("swin_tiny_patch4_window7_224", 0.6), ("convnext_tiny", 0.8)):
@@ -134,8 +137,8 @@ def targets(index: dict) -> list[dict]:
     )
     fs, sw = latency("flatten_swin_tiny_patch4_224", 224), latency("swin_tiny_patch4_window7_224", 224)
     out.append(_target("flatten_swin_tiny / swin_tiny latency at 224²", fs / sw if fs and sw else None, 1.1, True))
-    small = _ok(_find(bbs, model="linvit_tiny", height=1024, width=1024), "activation_mib")
-    large = _ok(_find(bbs, model="linvit_tiny", height=2048, width=2048), "activation_mib")
+    small = measured(_find(bbs, model="linvit_tiny", height=1024, width=1024), "activation_mib")
+    large = measured(_find(bbs, model="linvit_tiny", height=2048, width=2048), "activation_mib")
     out.append(
         _target(
             "linvit_tiny inference activation memory 2048² / 1024²",
@@ -145,11 +148,11 @@ def targets(index: dict) -> list[dict]:
             "peak RSS above the resident size before the forward",
         )
     )
-    total = _ok(_find(bbs, model="linvit_tiny", height=2048, width=2048), "peak_mib")
+    total = measured(_find(bbs, model="linvit_tiny", height=2048, width=2048), "peak_mib")
     out.append(_target("linvit_tiny 2048² peak memory (GiB, whole process)", total / GIB if total else None, 8.0, True))
     lt = _find(train, model="linvit_tiny", checkpointing=False)
     st = _find(train, model="swin_tiny_patch4_window7_224", checkpointing=False)
-    lt_ips, st_ips = _ok(lt, "images_per_s"), _ok(st, "images_per_s")
+    lt_ips, st_ips = measured(lt, "images_per_s"), measured(st, "images_per_s")
     out.append(
         _target(
             "training images/s linvit_tiny / swin_tiny",
@@ -159,8 +162,8 @@ def targets(index: dict) -> list[dict]:
             _cpu_ratio(st, lt).replace("ratio", "ratio swin/linvit").lstrip("; "),
         )
     )
-    plain = _ok(lt, "activation_mib")
-    ckpt = _ok(_find(train, model="linvit_tiny", checkpointing=True), "activation_mib")
+    plain = measured(lt, "activation_mib")
+    ckpt = measured(_find(train, model="linvit_tiny", checkpointing=True), "activation_mib")
     out.append(
         _target(
             "linvit_tiny training activation memory, checkpointing / plain",
@@ -169,7 +172,7 @@ def targets(index: dict) -> list[dict]:
             True,
         )
     )
-    comp = [r for r in _rows(index, "compile") if r.get("status") == "ok"]
+    comp = [r for r in suite_rows(index, "compile") if r.get("status") == "ok"]
     if comp:
         breaks = sum(r.get("attention_breaks", 0) for r in comp)
         out.append(
@@ -180,7 +183,7 @@ def targets(index: dict) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------- tables
 def _operator_tables(index: dict) -> list[str]:
-    ops = _rows(index, "operators")
+    ops = suite_rows(index, "operators")
     if not ops:
         return []
     lines = ["## 1. Operators", ""]
@@ -212,7 +215,7 @@ def _operator_tables(index: dict) -> list[str]:
 
 
 def _backbone_tables(index: dict, gemm_peak: float | None) -> list[str]:
-    rows = _rows(index, "backbones")
+    rows = suite_rows(index, "backbones")
     if not rows:
         return []
     sizes = sorted({(r["case"]["height"], r["case"]["width"]) for r in rows}, key=lambda s: s[0] * s[1])
@@ -255,7 +258,7 @@ def _backbone_tables(index: dict, gemm_peak: float | None) -> list[str]:
 
 
 def _training_table(index: dict) -> list[str]:
-    rows = _rows(index, "training")
+    rows = suite_rows(index, "training")
     if not rows:
         return []
     lines = ["## 3. Training step (forward + backward + AdamW)", ""]
@@ -275,7 +278,7 @@ def _training_table(index: dict) -> list[str]:
 
 
 def _compile_table(index: dict) -> list[str]:
-    rows = _rows(index, "compile")
+    rows = suite_rows(index, "compile")
     if not rows:
         return []
     lines = ["## 4. torch.compile (inference, batch 1)", ""]
@@ -298,7 +301,7 @@ def _compile_table(index: dict) -> list[str]:
 
 
 def _deploy_table(index: dict) -> list[str]:
-    rows = _rows(index, "deploy")
+    rows = suite_rows(index, "deploy")
     if not rows:
         return []
     lines = ["## 5. Deployment runtimes on the CPU (inference, batch 1, fp32)", ""]
@@ -307,7 +310,7 @@ def _deploy_table(index: dict) -> list[str]:
     for row in rows:
         c = row["case"]
         eager = _find(rows, model=c["model"], size=c["size"], runtime="torch_eager")
-        ratio = _ok(eager) / _ok(row) if _ok(eager) and _ok(row) else None
+        ratio = measured(eager) / measured(row) if measured(eager) and measured(row) else None
         versus = "1.00×" if c["runtime"] == "torch_eager" else (f"{ratio:.2f}×" if ratio else "–")
         lines.append(f"| {c['model']} | {c['size']}² | {c['runtime']} | {_cell(row)} | {versus} |")
     lines += ["", "`vs eager`: eager latency over this runtime's (above 1: faster than eager PyTorch).", ""]
@@ -402,77 +405,6 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------- plots
-def _plot_operators(index: dict, out_dir: Path, field: str, ylabel: str, filename: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = [r for r in _rows(index, "operators") if _ok(r, field) is not None]
-    configs = sorted({(r["case"]["heads"], r["case"]["head_dim"]) for r in _rows(index, "operators")})
-    if not configs:
-        return
-    modes = ("fwd", "fwdbwd")
-    fig, axes = plt.subplots(len(modes), len(configs), figsize=(5 * len(configs), 4 * len(modes)), squeeze=False)
-    for i, mode in enumerate(modes):
-        for j, (heads, head_dim) in enumerate(configs):
-            ax = axes[i][j]
-            for color, name in enumerate(OPERATORS):
-                points = sorted(
-                    (r["case"]["map"] ** 2, r[field])
-                    for r in ops
-                    if r["case"]["op"] == name
-                    and r["case"]["mode"] == mode
-                    and (r["case"]["heads"], r["case"]["head_dim"]) == (heads, head_dim)
-                )
-                if points:
-                    ax.plot(*zip(*points), marker="o", label=name, color=f"C{color}")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_title(f"{heads}×{head_dim} heads, {'forward' if mode == 'fwd' else 'forward+backward'}")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-    for ax in (ax for row in axes for ax in row):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-            break
-    fig.tight_layout()
-    fig.savefig(out_dir / filename, dpi=90)
-    plt.close(fig)
-
-
-def _plot_backbones(index: dict, out_dir: Path, field: str, ylabel: str, filename: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in _rows(index, "backbones") if _ok(r, field) is not None]
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for color, model in enumerate(dict.fromkeys(r["case"]["model"] for r in _rows(index, "backbones"))):
-        points = sorted(
-            (r["case"]["height"] * r["case"]["width"], r[field] / r["case"]["batch"])
-            for r in rows
-            if r["case"]["model"] == model
-        )
-        if not points:
-            continue
-        style = "-" if model.startswith(("linvit_", "flatten_")) else "--"
-        ax.plot(*zip(*points), style, marker="o", label=model, color=f"C{color % 10}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("pixels")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    if rows:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / filename, dpi=90)
-    plt.close(fig)
-
-
 def write_report(out_dir: Path, data: dict | None = None) -> Path:
     """Rewrite ``RESULTS.md`` and the plots in ``out_dir`` from its ``results.json``."""
     out_dir = Path(out_dir)
@@ -480,10 +412,12 @@ def write_report(out_dir: Path, data: dict | None = None) -> Path:
         data = json.loads((out_dir / "results.json").read_text())
     text = render(data)
     index = _index(data)
-    _plot_operators(index, out_dir, "latency_ms", "latency (ms)", "operators_latency.png")
-    _plot_operators(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "operators_memory.png")
-    _plot_backbones(index, out_dir, "latency_ms", "latency per image (ms)", "backbones_latency.png")
-    _plot_backbones(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "backbones_memory.png")
+    from linvit.bench.plots import plot_backbones, plot_operators  # imports matplotlib: only when drawing
+
+    plot_operators(index, out_dir, "latency_ms", "latency (ms)", "operators_latency.png")
+    plot_operators(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "operators_memory.png")
+    plot_backbones(index, out_dir, "latency_ms", "latency per image (ms)", "backbones_latency.png")
+    plot_backbones(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "backbones_memory.png")
     path = out_dir / "RESULTS.md"
     path.write_text(text)
     return path
