@@ -56,6 +56,7 @@ from linvit.layers import (
 )
 from linvit.models._family import (
     PretrainedFileMixin,
+    authors_release,
     create_family_model,
     family_cfg,
     is_converted,
@@ -431,8 +432,9 @@ def _cfg(**kwargs) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs(
     {
         "flatten_cswin_tiny_224.in1k": _cfg(
-            origin_url="https://cloud.tsinghua.edu.cn/f/48ba765ba8b0451d9d5a/?dl=1",
-            notes=("authors' release (83.1% top-1, its 'model' weights); pass pretrained_cfg_overlay=dict(file=...)",),
+            **authors_release(
+                "https://cloud.tsinghua.edu.cn/f/48ba765ba8b0451d9d5a/?dl=1", "83.1% top-1, its 'model' weights"
+            )
         ),
         "flatten_cswin_small_224.in1k": _cfg(),
         "flatten_cswin_base_224.in1k": _cfg(),
