@@ -8,14 +8,14 @@
     python train.py --config-dir ~/my_configs experiment=mine   # your own configs first in the search path
 
 ``linvit train ...`` is the same command for any install (a wheel has no train.py); both run
-:mod:`linvit.train.hydra_app` on the configs in ``configs/`` (which the package ships as ``linvit/configs``).
+:mod:`linvit.train.runs.hydra_app` on the configs in ``configs/`` (which the package ships as ``linvit/configs``).
 Objects are built by ``_target_`` (``cfg.data``, ``cfg.model``, ``cfg.trainer``, ``cfg.callbacks.*``,
 ``cfg.logger.*``); the data -> model contract is described in :mod:`linvit.train`.
 """
 
 from pathlib import Path
 
-from linvit.train.hydra_app import main
+from linvit.train.runs.hydra_app import main
 
 if __name__ == "__main__":
     main(configs=Path(__file__).resolve().parent / "configs")

@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from linvit.train.data_check import check_image_folder
-    from linvit.train.data_options import available_cores
+    from linvit.train.data.check import check_image_folder
+    from linvit.train.data.options import available_cores
 
     workers = args.workers if args.workers is not None else min(8, available_cores())
     if workers < 1:

@@ -1,6 +1,6 @@
 """``linvit eval RUN_DIR``: a training run's checkpoint on its test (or validation) split: top-1/top-5 of a
 classification run, mIoU of a segmentation run. The run's DataModule is built from its ``config.yaml`` through
-linvit's allow-list (:mod:`linvit.train.saved_run`), without Hydra."""
+linvit's allow-list (:mod:`linvit.train.runs.saved_run`), without Hydra."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     import lightning.pytorch as pl
 
     from linvit.io import CheckpointError, check_finite_weights
-    from linvit.train.export import find_checkpoint, load_checkpoint
-    from linvit.train.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
+    from linvit.train.runs.export import find_checkpoint, load_checkpoint
+    from linvit.train.runs.saved_run import build_from_config, load_run_config, module_from_checkpoint, set_option
     from linvit.utils.saved_config import TRUSTED_DATAMODULES, UntrustedConfigError
 
     try:

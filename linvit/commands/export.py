@@ -92,7 +92,7 @@ def _fail(message: str) -> int:
 
 
 def _export_weights(args: argparse.Namespace) -> int:
-    from linvit.train.export import CONFIG_NAME, export_checkpoint, find_checkpoint
+    from linvit.train.runs.export import CONFIG_NAME, export_checkpoint, find_checkpoint
 
     if args.run is None:
         return _fail(
@@ -191,7 +191,7 @@ def _model_from_run(args: argparse.Namespace):
     import torch
 
     import linvit.models  # noqa: F401  (registers linvit's families)
-    from linvit.train.export import find_checkpoint, load_checkpoint, model_state_dict, timm_config
+    from linvit.train.runs.export import find_checkpoint, load_checkpoint, model_state_dict, timm_config
     from linvit.utils.saved_config import check_classifier_hparams
 
     which = args.checkpoint or "best"

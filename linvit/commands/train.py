@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_arguments(arguments: list[str]) -> int:
-    from linvit.train.hydra_app import main
+    from linvit.train.runs.hydra_app import main
 
     main(argv=arguments)
     return 0

@@ -1,6 +1,7 @@
 """Dense prediction on any linvit/timm backbone: NCHW feature backbones, FPN, torchvision detection adapters,
 semantic segmentation (models, the image/mask folder with its paired transforms, a synthetic task) and feature
-extraction. Torch only: training these (Lightning) lives in :mod:`linvit.train` (``seg_module``, ``seg_data``)."""
+extraction. Torch only: training these (Lightning) lives in :mod:`linvit.train` (``modules.segmentation``,
+``data.segmentation``)."""
 
 from linvit.dense.backbone import FeatureBackbone, check_model_name, create_feature_backbone
 from linvit.dense.detection import (

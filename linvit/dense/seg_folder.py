@@ -6,8 +6,8 @@ Layout (same stems; masks are single-channel PNGs of class indices, 255 = ignore
     root/val/images/...                       root/val/masks/...
     root/test/images/...                      root/test/masks/...     (optional; default: val)
 
-:class:`linvit.train.seg_data.SegmentationDataModule` serves these as Lightning loaders; any training loop can use
-:class:`SegmentationFolder` directly.
+:class:`linvit.train.data.segmentation.SegmentationDataModule` serves these as Lightning loaders; any training loop
+can use :class:`SegmentationFolder` directly.
 """
 
 from __future__ import annotations

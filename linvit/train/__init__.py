@@ -1,10 +1,16 @@
-"""Training with Lightning + Hydra: the LightningModules (classification: :mod:`~linvit.train.module`; semantic
-segmentation: :mod:`~linvit.train.seg_module`), their DataModules, the shared recipe pieces, callbacks and export.
+"""Training with Lightning + Hydra, in three rooms that import one way, ``data <- modules <- runs``:
 
-``python train.py`` and ``linvit train`` (the Hydra app of :mod:`linvit.train.hydra_app`, ``train.yaml`` of the
+- :mod:`linvit.train.data`: the DataModules (classification, segmentation), their datasets, image-folder scanning
+  and checking, augmentation guards, the data options, and the DataLoader whose workers live through a SIGTERM;
+- :mod:`linvit.train.modules`: the LightningModules (classification: :mod:`~linvit.train.modules.classification`;
+  semantic segmentation: :mod:`~linvit.train.modules.segmentation`), their shared recipe pieces and the callbacks
+  they train with (reseeding, curves, crash-safe checkpoints, SIGTERM save, non-finite loss guard, logged metrics);
+- :mod:`linvit.train.runs`: the Hydra entry, run directories and their identity, resume, saved runs and export.
+
+``python train.py`` and ``linvit train`` (the Hydra app of :mod:`linvit.train.runs.hydra_app`, ``train.yaml`` of the
 configs the package ships as ``linvit/configs``) build four objects from the config, each by ``_target_``
 through ``hydra.utils.instantiate``, and run ``Trainer.fit``, ``Trainer.test`` and the export
-(:func:`linvit.train.run.train`):
+(:func:`linvit.train.runs.run.train`):
 
 - ``cfg.data``: any ``LightningDataModule``;
 - ``cfg.model``: any ``LightningModule``;
@@ -26,23 +32,23 @@ DataModule and LightningModule through ``configs/data/<name>.yaml``, ``configs/m
 4. Checkpoints go to ``${paths.output_dir}/checkpoints`` (``best.ckpt``, ``last.ckpt``); a rerun in the same
    ``paths.output_dir`` resumes from ``last.ckpt`` (``resume: true``), ``ckpt_path=...`` resumes from any file.
 5. Export (``export.enabled``) applies to models whose checkpoint holds a timm model under ``model.`` and the
-   data's preprocessing (:class:`~linvit.train.datamodules.ClassificationDataModule`); set
+   data's preprocessing (:class:`~linvit.train.data.datamodules.ClassificationDataModule`); set
    ``export.enabled=false`` for other tasks.
 
-Nothing here needs Hydra except :mod:`linvit.train.run` and :mod:`linvit.train.hydra_app`; a saved run's objects
-are built again without it (:mod:`linvit.train.saved_run`).
+Nothing here needs Hydra except :mod:`linvit.train.runs.run` and :mod:`linvit.train.runs.hydra_app`; a saved run's
+objects are built again without it (:mod:`linvit.train.runs.saved_run`).
 """
 
-from linvit.train.datamodules import (
+from linvit.train.data.datamodules import (
     CIFARDataModule,
     ClassificationDataModule,
     DigitsDataModule,
     FashionMNISTDataModule,
     ImageFolderDataModule,
 )
-from linvit.train.module import ImageClassifier
-from linvit.train.seg_data import SegmentationDataModule
-from linvit.train.seg_module import SegmentationModule
+from linvit.train.data.segmentation import SegmentationDataModule
+from linvit.train.modules.classification import ImageClassifier
+from linvit.train.modules.segmentation import SegmentationModule
 
 __all__ = [
     "CIFARDataModule",

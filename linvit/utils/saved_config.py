@@ -36,11 +36,11 @@ __all__ = [
 
 TRUSTED_DATAMODULES: frozenset[str] = frozenset(
     {
-        "linvit.train.datamodules.DigitsDataModule",
-        "linvit.train.datamodules.FashionMNISTDataModule",
-        "linvit.train.datamodules.ImageFolderDataModule",
-        "linvit.train.datamodules.CIFARDataModule",
-        "linvit.train.seg_data.SegmentationDataModule",
+        "linvit.train.data.datamodules.DigitsDataModule",
+        "linvit.train.data.datamodules.FashionMNISTDataModule",
+        "linvit.train.data.datamodules.ImageFolderDataModule",
+        "linvit.train.data.datamodules.CIFARDataModule",
+        "linvit.train.data.segmentation.SegmentationDataModule",
     }
 )
 """The classes a saved config's ``data._target_`` may name without an opt-in: linvit's DataModules."""
@@ -48,8 +48,8 @@ TRUSTED_DATAMODULES: frozenset[str] = frozenset(
 TRUSTED_MODELS: frozenset[str] = frozenset(
     {
         # classification, and segmentation (backbone + its FPN / UperNet head)
-        "linvit.train.module.ImageClassifier",
-        "linvit.train.seg_module.SegmentationModule",
+        "linvit.train.modules.classification.ImageClassifier",
+        "linvit.train.modules.segmentation.SegmentationModule",
     }
 )
 """The classes a saved config's ``model._target_`` may name without an opt-in: linvit's LightningModules."""

@@ -127,7 +127,7 @@ def test_the_readme_command_runs_as_documented(clean_root):
 
 
 def test_the_datamodule_logs_counts_and_with_check_the_report(clean_root, caplog):
-    from linvit.train.datamodules import ImageFolderDataModule
+    from linvit.train.data.datamodules import ImageFolderDataModule
 
     options = {"root": clean_root, "num_classes": 2, "img_size": 16, "batch_size": 2, "test_fraction": 0}
     with caplog.at_level(logging.INFO, logger="linvit"):

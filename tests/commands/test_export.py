@@ -25,7 +25,7 @@ def run_dir(tmp_path_factory):
         from train_helpers import FAST, compose
     finally:
         sys.path.remove(str(REPO / "tests" / "train"))
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     out = tmp_path_factory.mktemp("run")
     overrides = [
@@ -44,7 +44,7 @@ def run_dir(tmp_path_factory):
 
 
 def _trained_model(run_dir: Path, ema: bool = False):
-    from linvit.train.module import ImageClassifier
+    from linvit.train.modules.classification import ImageClassifier
 
     module = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
     return (module.model_ema.module if ema else module.model).eval()

@@ -75,12 +75,12 @@ SHELL_PLANS: dict[str, Plan] = {
     # Multi-GPU and clusters
     "python train.py trainer=ddp trainer.devices=8": Plan(why_not="needs 8 GPUs"),
     "python train.py experiment=imagenet_flatten_swin_tiny data.root=/data/imagenet": Plan(
-        why_not="8 GPUs and ImageNet; tests/train/test_data_configs_real_images.py runs the recipe on the CPU"
+        why_not="8 GPUs and ImageNet; tests/train/data/test_data_configs_real_images.py runs the recipe on the CPU"
     ),
     "python train.py -m hydra/launcher=slurm hydra.launcher.nodes=2 experiment=imagenet_flatten_swin_tiny "
     "trainer.num_nodes=2 run_name=swin_t_16gpu": Plan(why_not="needs SLURM and 16 GPUs"),
     "python train.py trainer=ddp trainer.accelerator=cpu trainer.devices=2": Plan(
-        slow="whole", why_not="short in the default tier: tests/train/test_train_ddp.py"
+        slow="whole", why_not="short in the default tier: tests/train/runs/test_train_ddp.py"
     ),
     "python train.py trainer=ddp_sim": Plan(slow="whole"),
     # Export and evaluation
@@ -165,8 +165,8 @@ def test_inline_commands_name_real_options():
     from hydra import compose, initialize_config_dir
 
     from linvit.cli import build_parser
-    from linvit.train.hydra_app import config_dir
-    from linvit.train.run_identity import register_resolvers
+    from linvit.train.runs.hydra_app import config_dir
+    from linvit.train.runs.run_identity import register_resolvers
 
     register_resolvers()
     parser = build_parser()

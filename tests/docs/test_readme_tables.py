@@ -69,7 +69,7 @@ def test_accuracy_table_is_the_benchmark_results():
 
 
 def test_config_groups_table_names_the_options_on_disk():
-    from linvit.train.hydra_app import config_dir
+    from linvit.train.runs.hydra_app import config_dir
 
     rows = {row[0].strip("`"): row[1] for row in markdown_table("| group | options |")[1:]}
     for group, options in rows.items():

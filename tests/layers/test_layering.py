@@ -3,6 +3,10 @@
     ops <- attention <- layers <- models <- utils, dense <- viz, bench, train <- commands
     io (checkpoint files) sits beside ops: the model families and everything above them use it
 
+Inside `train`, its rooms import one way, data <- modules <- runs: `data` (DataModules and what they stand on)
+imports neither of the others, `modules` (LightningModules and their callbacks) imports `data`, `runs` (the Hydra
+entry, run directories, saved runs, export) imports both; the package's own `__init__` only re-exports.
+
 Lightning, Hydra and OmegaConf stay above the model rooms: `dense` and `bench` import neither; in `train` only the
 training entry (`run.py`, `hydra_app.py`) imports Hydra; the commands import no Hydra or OmegaConf, and only
 `linvit train` reaches the Hydra entry. Nothing in the package imports the checkout's `benchmarks/` or edits
@@ -44,9 +48,15 @@ FORBIDDEN = {
     "train": HYDRA,  # except the training entry, below
     "commands": HYDRA + OMEGACONF,
 }
-HYDRA_ENTRY = {"train/run.py", "train/hydra_app.py"}
+HYDRA_ENTRY = {"train/runs/run.py", "train/runs/hydra_app.py"}
 # the modules of train that import Hydra: only `linvit train` may reach them
-HYDRA_MODULES = {"linvit.train.run", "linvit.train.hydra_app"}
+HYDRA_MODULES = {"linvit.train.runs.run", "linvit.train.runs.hydra_app"}
+# the rooms of train and the rooms of train each may import (itself included): data <- modules <- runs
+TRAIN_ALLOWED = {
+    "data": {"data"},
+    "modules": {"modules", "data"},
+    "runs": {"runs", "modules", "data"},
+}
 
 
 def _imports(path: Path) -> set[str]:
@@ -87,6 +97,27 @@ def test_training_frameworks_stay_in_their_rooms(room):
             if room == "commands" and where != "commands/train.py" and name in HYDRA_MODULES:
                 wrong.append(f"{where} imports {name} (Hydra's entry: only `linvit train` runs it)")
     assert wrong == []
+
+
+@pytest.mark.parametrize("room", sorted(TRAIN_ALLOWED))
+def test_train_rooms_import_one_way(room):
+    """A module of a train room imports only the train rooms below it (``linvit.train`` itself, whose ``__init__``
+    imports the rooms, included: it is above them all)."""
+    wrong = []
+    for path in sorted((PACKAGE / "train" / room).rglob("*.py")):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[:2] == ["linvit", "train"] and (len(parts) < 3 or parts[2] not in TRAIN_ALLOWED[room]):
+                wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert wrong == []
+
+
+def test_every_module_of_train_is_in_a_room():
+    """``linvit/train`` holds its rooms and the ``__init__`` that re-exports their public classes, nothing else."""
+    train = PACKAGE / "train"
+    loose = sorted(path.name for path in train.glob("*.py") if path.name != "__init__.py")
+    rooms = sorted(path.name for path in train.iterdir() if (path / "__init__.py").is_file())
+    assert (loose, rooms) == ([], sorted(TRAIN_ALLOWED))
 
 
 def test_every_room_is_placed():

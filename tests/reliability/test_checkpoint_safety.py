@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 import linvit  # noqa: F401
 from linvit.io import CheckpointError, UntrustedCheckpointError, load_pretrained_file
-from linvit.train.hydra_app import config_dir
+from linvit.train.runs.hydra_app import config_dir
 
 CONFIGS = config_dir()  # the configs linvit ships (linvit/configs)
 
@@ -205,7 +205,7 @@ def test_own_training_checkpoints_load_with_weights_only(tmp_path):
 
 
 def test_resuming_from_a_strangers_checkpoint_runs_no_code(tmp_path):
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     marker = tmp_path / "code_ran"
     path = _write_payload_checkpoint(tmp_path / "evil.ckpt", marker)

@@ -1,4 +1,4 @@
-"""Concurrent runs never share a run directory or a temporary file (linvit/train/run_dir.py, RunDirectoryGuard).
+"""Concurrent runs never share a run directory or a temporary file (linvit/train/runs/run_dir.py, RunDirectoryGuard).
 
 Two ``python train.py`` started in the same second with the same task_name used to share one run directory: one
 crashed on the shared ``last.ckpt.tmp``, the survivor had a mixed ``metrics.csv`` and a ``config.yaml`` that
@@ -18,10 +18,10 @@ import pytest
 import yaml
 from train_helpers import FAST, TINY_TIMM, compose
 
-from linvit.train.callbacks import AtomicModelCheckpoint, unique_temporary
-from linvit.train.fault_tolerance import remove_stale_temporaries
-from linvit.train.run import train
-from linvit.train.run_dir import (
+from linvit.train.modules.callbacks import AtomicModelCheckpoint, unique_temporary
+from linvit.train.modules.fault_tolerance import remove_stale_temporaries
+from linvit.train.runs.run import train
+from linvit.train.runs.run_dir import (
     LOCK_NAME,
     RunDirectoryInUseError,
     claim_new_directory,
@@ -53,7 +53,7 @@ def _hold_lock(directory: Path) -> subprocess.Popen:
     """Another process that holds ``directory``'s lock (as a running train.py does) until it is killed."""
     code = (
         "import sys, time\n"
-        "from linvit.train.run_dir import hold_run_directory\n"
+        "from linvit.train.runs.run_dir import hold_run_directory\n"
         "hold_run_directory(sys.argv[1])\n"
         "print('held', flush=True)\n"
         "time.sleep(600)\n"
@@ -142,7 +142,7 @@ def test_checkpoint_temporary_files_are_named_per_writer(tmp_path, monkeypatch):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from linvit.train.module import ImageClassifier
+    from linvit.train.modules.classification import ImageClassifier
 
     used: list[str] = []
     save = pl.Trainer.save_checkpoint

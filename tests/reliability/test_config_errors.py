@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from hydra.utils import instantiate
 
-from linvit.train.hydra_app import config_dir
+from linvit.train.runs.hydra_app import config_dir
 
 CONFIGS = config_dir()  # the configs linvit ships (linvit/configs)
 
@@ -28,7 +28,7 @@ def test_a_config_group_option_that_does_not_exist_lists_the_available_ones(tmp_
 
 
 def test_a_model_name_that_does_not_exist_lists_close_matches(tmp_path):
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     cfg = _compose(tmp_path, "model.model_name=linvit_tinny")
     with pytest.raises(Exception, match=r"(?s)linvit_tinny.*linvit_tiny"):  # noqa: PT011  (Hydra wraps it)
@@ -48,7 +48,7 @@ def test_num_classes_that_disagrees_with_the_dataset_fails_at_setup(tmp_path):
 
 
 def test_a_model_num_classes_that_disagrees_with_the_data_fails_before_training(tmp_path):
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     cfg = _compose(tmp_path, "model.num_classes=5", "model.model_name=linvit_nano")
     with pytest.raises(ValueError, match=r"model\.num_classes=5 but the data has num_classes=10"):
@@ -75,7 +75,7 @@ WRONG_TYPES = [
 def test_a_value_of_the_wrong_type_is_named_before_anything_starts(tmp_path, override, message):
     from train_helpers import FAST, SHORT, compose
 
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     run_dir = tmp_path / "run"
     cfg = compose([*FAST, *SHORT, "test=false", "export.enabled=false", override], run_dir)
@@ -88,7 +88,7 @@ def test_a_value_of_the_wrong_type_is_named_before_anything_starts(tmp_path, ove
 def test_train_py_prints_every_wrong_value_in_one_line_and_exits_with_1(tmp_path, capsys):
     from train_helpers import compose
 
-    from linvit.train.hydra_app import run_task
+    from linvit.train.runs.hydra_app import run_task
 
     cfg = compose(["trainer.max_epochs=ten", "model.optimizer.lr=abc"], tmp_path / "run")
     with pytest.raises(SystemExit) as stopped:
@@ -111,6 +111,6 @@ def _config_names(group: str) -> list[str]:
     ids=lambda overrides: overrides[0],
 )
 def test_every_shipped_config_has_values_of_the_types_the_check_wants(tmp_path, overrides):
-    from linvit.train.config_types import check_config_types
+    from linvit.train.runs.config_types import check_config_types
 
     check_config_types(_compose(tmp_path, *overrides))

@@ -34,8 +34,8 @@ TINY_RUN = [
     "callbacks.learning_curves=null",
     "callbacks.model_summary=null",
     # the fault-tolerance callbacks (configs/callbacks/fault_tolerance.yaml), whether or not the default includes them
-    "++callbacks.atomic_checkpointing._target_=linvit.train.fault_tolerance.AtomicCheckpointing",
-    "++callbacks.non_finite_loss._target_=linvit.train.fault_tolerance.NonFiniteLossGuard",
+    "++callbacks.atomic_checkpointing._target_=linvit.train.modules.fault_tolerance.AtomicCheckpointing",
+    "++callbacks.non_finite_loss._target_=linvit.train.modules.fault_tolerance.NonFiniteLossGuard",
 ]
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from linvit.cli import main as linvit_main
 from linvit.io import CheckpointError
-from linvit.train.run import resolve_ckpt_path
+from linvit.train.runs.run import resolve_ckpt_path
 
 HPARAMS = {"model_name": "linvit_nano", "num_classes": 10, "in_chans": 3, "model_kwargs": {"img_size": 32}}
 HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>Please sign in</body></html>\n"
@@ -42,7 +42,7 @@ def _damage(path: Path, kind: str) -> Path:
 def _run_dir(tmp_path: Path, kind: str) -> tuple[Path, Path]:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    data = {"_target_": "linvit.train.datamodules.DigitsDataModule"}
+    data = {"_target_": "linvit.train.data.datamodules.DigitsDataModule"}
     (run / "config.yaml").write_text(yaml.safe_dump({"data": data}))
     return run, _damage(run / "checkpoints" / "best.ckpt", kind)
 
@@ -92,7 +92,7 @@ def test_resume_from_a_damaged_last_ckpt_names_the_checkpoint_to_fall_back_to(tm
 def test_train_py_prints_the_one_line_and_exits_with_1(tmp_path, capsys):
     from train_helpers import FAST, TINY_TIMM, compose
 
-    from linvit.train.hydra_app import run_task
+    from linvit.train.runs.hydra_app import run_task
 
     ckpt = _damage(tmp_path / "page.ckpt", "html")
     cfg = compose([*TINY_TIMM, *FAST, f"ckpt_path={ckpt}"], tmp_path / "run")

@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from linvit.train.datamodules import ImageFolderDataModule
-from linvit.train.hydra_app import config_dir
+from linvit.train.data.datamodules import ImageFolderDataModule
+from linvit.train.runs.hydra_app import config_dir
 
 CLASSES = ("cat", "dog")
 
@@ -74,7 +74,7 @@ def test_an_empty_class_folder_is_an_error_naming_it(image_root):
 
 
 def test_fashion_mnist_missing_names_the_package_to_install(tmp_path):
-    from linvit.train.datasets import load_fashion_mnist_arrays
+    from linvit.train.data.datasets import load_fashion_mnist_arrays
 
     with pytest.raises(FileNotFoundError, match=rf"(?s){tmp_path}.*apt-get install.*dataset-fashion-mnist"):
         load_fashion_mnist_arrays(tmp_path)
@@ -265,7 +265,7 @@ def test_a_decompression_bomb_is_skipped_and_named(image_root, caplog):
 
 @pytest.mark.parametrize("error", [KeyError(101), ZeroDivisionError("x"), RuntimeError("decoder"), MemoryError()])
 def test_any_exception_of_the_loader_is_handled_like_an_unreadable_file(image_root, error, caplog):
-    from linvit.train.image_folder import PilLoader, ReadableByPil, TolerantImageFolder
+    from linvit.train.data.image_folder import PilLoader, ReadableByPil, TolerantImageFolder
 
     class Failing(PilLoader):
         def __call__(self, path):
@@ -302,7 +302,7 @@ def test_skipped_files_are_reported_when_the_last_batch_is_fetched(image_root, c
 def test_a_one_epoch_run_reports_skipped_files_and_its_summary_counts_them(image_root, tmp_path_factory, caplog):
     from hydra import compose, initialize_config_dir
 
-    from linvit.train.run import summarize, train
+    from linvit.train.runs.run import summarize, train
 
     names = _add_bad_files(image_root)
     output_dir = tmp_path_factory.mktemp("run")
@@ -342,7 +342,7 @@ def test_a_one_epoch_run_reports_skipped_files_and_its_summary_counts_them(image
 def test_a_batch_size_that_is_not_a_positive_integer_is_refused(key, value, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from linvit.train.run import _instantiate_plain
+    from linvit.train.runs.run import _instantiate_plain
 
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"data.{key}={value}", f"paths.output_dir={tmp_path}"])
@@ -352,7 +352,7 @@ def test_a_batch_size_that_is_not_a_positive_integer_is_refused(key, value, tmp_
 
 
 def test_a_whole_number_written_as_a_float_is_accepted_as_a_batch_size():
-    from linvit.train.datamodules import DigitsDataModule
+    from linvit.train.data.datamodules import DigitsDataModule
 
     assert DigitsDataModule(batch_size=8.0).batch_size == 8
 
@@ -366,7 +366,7 @@ def test_a_whole_number_written_as_a_float_is_accepted_as_a_batch_size():
     ],
 )
 def test_split_fractions_are_checked_as_given(options, named):
-    from linvit.train.datamodules import DigitsDataModule
+    from linvit.train.data.datamodules import DigitsDataModule
 
     with pytest.raises(ValueError, match=re.escape(named)) as caught:
         DigitsDataModule(**options).setup("fit")
@@ -385,7 +385,7 @@ def test_split_fractions_are_checked_as_given(options, named):
     ],
 )
 def test_segmentation_data_options_are_checked_like_classification(options, message, tmp_path):
-    from linvit.train.seg_data import SegmentationDataModule
+    from linvit.train.data.segmentation import SegmentationDataModule
 
     with pytest.raises(ValueError, match=message):
         SegmentationDataModule(tmp_path, **{"num_classes": 3, **options})
@@ -405,7 +405,7 @@ def test_more_data_workers_than_cores_are_capped_with_a_warning(image_root, capl
 
 
 def test_a_fashion_mnist_val_size_beyond_the_data_is_named_as_given(monkeypatch):
-    import linvit.train.datamodules as datamodules
+    import linvit.train.data.datamodules as datamodules
 
     images, labels = np.zeros((40, 28, 28), dtype=np.uint8), np.arange(40) % 10
     monkeypatch.setattr(datamodules, "load_fashion_mnist_arrays", lambda root, split: (images, labels))

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoint files and the non-finite loss guard (linvit/train/fault_tolerance.py), in-process."""
+"""Crash-safe checkpoint files and the non-finite loss guard (linvit/train/modules/fault_tolerance.py), in-process."""
 
 import logging
 import os
@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.train.fault_tolerance import (
+from linvit.train.modules.fault_tolerance import (
     AtomicCheckpointing,
     AtomicCheckpointIO,
     NonFiniteLossError,
@@ -53,7 +53,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     child = textwrap.dedent(
         f"""
         import sys, time, torch
-        from linvit.train.fault_tolerance import AtomicCheckpointIO, atomic_write
+        from linvit.train.modules.fault_tolerance import AtomicCheckpointIO, atomic_write
         AtomicCheckpointIO().save_checkpoint({{"step": 1, "weight": torch.arange(1000.0)}}, {str(target)!r})
 
         def slow(file):
@@ -136,7 +136,7 @@ def _trainer(tmp_path, callbacks, max_steps=6) -> Trainer:
 
 def test_skip_drops_the_bad_step_and_training_goes_on(tmp_path, caplog):
     model, guard = TinyRegression(nan_loss_steps={2}), NonFiniteLossGuard(action="skip")
-    with caplog.at_level(logging.WARNING, logger="linvit.train.fault_tolerance"):
+    with caplog.at_level(logging.WARNING, logger="linvit.train.modules.fault_tolerance"):
         _trainer(tmp_path, [guard]).fit(model, _loader())
     assert guard.skipped_steps == 1 and guard.consecutive_skips == 0
     assert torch.equal(model.weights_seen[2], model.weights_seen[3]), "the bad step changed the weights"
@@ -213,7 +213,7 @@ class _ConstantMetric(TinyRegression):
 )
 def test_last_ckpt_follows_every_epoch_even_without_a_new_best(tmp_path, on_train_epoch_end):
     """last.ckpt is what a resumed run starts from: it must not stay at the epoch of the best metric."""
-    from linvit.train.callbacks import AtomicModelCheckpoint
+    from linvit.train.modules.callbacks import AtomicModelCheckpoint
 
     checkpoints = AtomicModelCheckpoint(
         dirpath=tmp_path,
@@ -240,7 +240,7 @@ _DDP_CHILD = """
 import json, sys, torch
 from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
-from linvit.train.fault_tolerance import NonFiniteLossGuard
+from linvit.train.modules.fault_tolerance import NonFiniteLossGuard
 
 
 class Model(LightningModule):
@@ -293,7 +293,7 @@ def test_the_callbacks_config_builds_the_callbacks(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from linvit.train.hydra_app import config_dir
+    from linvit.train.runs.hydra_app import config_dir
 
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("train", overrides=["callbacks=fault_tolerance", f"paths.output_dir={tmp_path}"])

@@ -70,7 +70,7 @@ def test_predict_names_non_finite_weights_and_never_prints_nan(tmp_path, capsys,
 
 
 def _run_dir(tmp_path, poison: bool):
-    from linvit.train.module import ImageClassifier
+    from linvit.train.modules.classification import ImageClassifier
 
     torch.manual_seed(0)
     module = ImageClassifier("linvit_nano", num_classes=10, model_kwargs={"img_size": 16}, ema={"enabled": False})
@@ -78,7 +78,7 @@ def _run_dir(tmp_path, poison: bool):
     poisoned = _poison(state, count=1) if poison else []
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    data = {"_target_": "linvit.train.datamodules.DigitsDataModule", "img_size": 16, "eval_batch_size": 512}
+    data = {"_target_": "linvit.train.data.datamodules.DigitsDataModule", "img_size": 16, "eval_batch_size": 512}
     (run / "config.yaml").write_text(yaml.safe_dump({"data": data}))
     torch.save({"hyper_parameters": dict(module.hparams), "state_dict": state}, run / "checkpoints" / "best.ckpt")
     return run, poisoned

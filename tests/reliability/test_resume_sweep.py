@@ -31,7 +31,7 @@ from _crash_helpers import (
 from _run_state import assert_same_run, run_state
 from train_helpers import compose
 
-from linvit.train.run import train
+from linvit.train.runs.run import train
 
 STEPS_PER_EPOCH, EPOCHS = 3, 3
 SHORT_RUN = [

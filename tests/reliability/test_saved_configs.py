@@ -15,8 +15,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from linvit.cli import main as linvit_main
-from linvit.train.hydra_app import config_dir
-from linvit.train.run import resolve_ckpt_path
+from linvit.train.runs.hydra_app import config_dir
+from linvit.train.runs.run import resolve_ckpt_path
 from linvit.utils.saved_config import (
     TRUSTED_TARGETS,
     UntrustedConfigError,
@@ -62,7 +62,7 @@ def test_eval_with_trusted_builds_what_the_config_names(tmp_path):
 
 def test_eval_refuses_a_nested_target_inside_an_allowed_datamodule(tmp_path, capsys):
     victim = tmp_path / "written_by_the_config"
-    data = {"_target_": "linvit.train.datamodules.DigitsDataModule", "mean": _open_for_writing(victim)}
+    data = {"_target_": "linvit.train.data.datamodules.DigitsDataModule", "mean": _open_for_writing(victim)}
     assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
     assert "data.mean._target_" in capsys.readouterr().err
     assert not victim.exists()
@@ -72,13 +72,13 @@ def _allowed_class_that_opens(victim: Path, which: str) -> dict:
     """An allow-listed class as an argument, with arguments that open ``victim`` (the issue's two examples)."""
     if which == "segmentation_checkpoint":
         return {
-            "_target_": "linvit.train.seg_module.SegmentationModule",
+            "_target_": "linvit.train.modules.segmentation.SegmentationModule",
             "backbone": "linvit_nano",
             "num_classes": 2,
             "checkpoint": str(victim),
         }
     return {
-        "_target_": "linvit.train.module.ImageClassifier",
+        "_target_": "linvit.train.modules.classification.ImageClassifier",
         "model_name": "linvit_nano",
         "num_classes": 10,
         "pretrained": True,
@@ -100,7 +100,10 @@ def test_eval_builds_only_the_top_level_datamodule_not_an_allowed_class_below_it
 
     monkeypatch.setattr(Path, "open", watch)
     monkeypatch.setattr(torch, "load", lambda *a, **k: opened.append(a) or {})
-    data = {"_target_": "linvit.train.datamodules.DigitsDataModule", "mean": _allowed_class_that_opens(victim, which)}
+    data = {
+        "_target_": "linvit.train.data.datamodules.DigitsDataModule",
+        "mean": _allowed_class_that_opens(victim, which),
+    }
     assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "data.mean._target_" in err and "--trusted" in err, err
@@ -110,11 +113,11 @@ def test_eval_builds_only_the_top_level_datamodule_not_an_allowed_class_below_it
 def test_eval_refuses_a_model_class_as_the_datamodule(tmp_path, capsys):
     data = _allowed_class_that_opens(tmp_path / "victim.pth", "classifier_pretrained_file")
     assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
-    assert "data._target_='linvit.train.module.ImageClassifier'" in capsys.readouterr().err
+    assert "data._target_='linvit.train.modules.classification.ImageClassifier'" in capsys.readouterr().err
 
 
 def test_a_target_in_checkpoint_hyperparameters_is_refused_even_when_allow_listed(tmp_path):
-    nested = {"_target_": "linvit.train.datamodules.DigitsDataModule"}
+    nested = {"_target_": "linvit.train.data.datamodules.DigitsDataModule"}
     with pytest.raises(UntrustedConfigError, match=r"hyper_parameters\.model_kwargs\.act_layer\._target_"):
         check_classifier_hparams({**HPARAMS, "model_kwargs": {"act_layer": nested}}, "x.ckpt")
     ckpt = tmp_path / "last.ckpt"
@@ -140,7 +143,7 @@ def test_a_target_in_checkpoint_hyperparameters_is_refused_even_when_allow_liste
 )
 @pytest.mark.parametrize("command", ["eval", "export"])
 def test_checkpoint_hyperparameters_that_load_or_call_are_refused(tmp_path, capsys, command, hparams, named):
-    digits = {"_target_": "linvit.train.datamodules.DigitsDataModule"}
+    digits = {"_target_": "linvit.train.data.datamodules.DigitsDataModule"}
     run = _run_dir(tmp_path, digits, hparams)
     extra = ["--out", str(tmp_path / "out")] if command == "export" else []
     assert linvit_main([command, str(run), *extra]) == 2
@@ -175,7 +178,7 @@ def test_resume_refuses_a_checkpoint_whose_hyperparameters_name_a_callable(tmp_p
 def test_own_configs_and_checkpoint_hyperparameters_pass():
     check_classifier_hparams(HPARAMS, "x.ckpt")
     check_model_arguments(None, {"img_size": 64, "drop_path_rate": 0.1}, "config.json")
-    check_targets({"_target_": "linvit.train.datamodules.ImageFolderDataModule"}, "config.yaml", prefix="data")
+    check_targets({"_target_": "linvit.train.data.datamodules.ImageFolderDataModule"}, "config.yaml", prefix="data")
 
 
 def test_an_interpolated_target_is_not_trusted():

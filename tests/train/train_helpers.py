@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from linvit.train.hydra_app import config_dir
+from linvit.train.runs.hydra_app import config_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = config_dir()  # the configs linvit ships (linvit/configs: in a checkout, the link to configs/)
@@ -39,7 +39,7 @@ def compose(overrides: list[str], output_dir: Path | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from linvit.train.run_identity import register_resolvers
+    from linvit.train.runs.run_identity import register_resolvers
 
     register_resolvers()  # ${linvit.task_name:...}, as the training entries do
     extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else ["paths.output_dir=/nonexistent"]

@@ -25,7 +25,7 @@ def auto_img_size(folder: str | os.PathLike, multiple: int = DEFAULT_MULTIPLE, s
     """(input size, median shorter side) for the images under ``folder`` (any depth), from a seeded sample."""
     from PIL import Image, UnidentifiedImageError
 
-    from linvit.train.image_folder import ReadableByPil
+    from linvit.train.data.image_folder import ReadableByPil
 
     readable = ReadableByPil()
     paths = sorted(_image_paths(Path(folder), readable))

@@ -1,7 +1,7 @@
 """A look at an ImageNet-layout dataset before training on it (``linvit check-data ROOT``).
 
 :func:`check_image_folder` lists the splits (``train``, ``val``, ``test``; a root without them is one split) the
-way :class:`~linvit.train.image_folder.TolerantImageFolder` does, decodes every image the way training does,
+way :class:`~linvit.train.data.image_folder.TolerantImageFolder` does, decodes every image the way training does,
 and reports:
 
 - images per class and split, and classes missing from a split;
@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from linvit.train.folder_scan import FolderLayoutError, scan_split
-from linvit.train.image_folder import PilLoader, ReadableByPil
+from linvit.train.data.folder_scan import FolderLayoutError, scan_split
+from linvit.train.data.image_folder import PilLoader, ReadableByPil
 
 SPLITS = ("train", "val", "test")
 _MAX_LISTED = 20

@@ -15,10 +15,10 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from linvit.train.data_options import capped_workers, whole_number
-from linvit.train.datasets import EpochSeededSampler, SeededSamples
-from linvit.train.image_folder import ReportingDataLoader
-from linvit.train.worker_signals import SigtermSafeDataLoader
+from linvit.train.data.datasets import EpochSeededSampler, SeededSamples
+from linvit.train.data.image_folder import ReportingDataLoader
+from linvit.train.data.options import capped_workers, whole_number
+from linvit.train.data.worker_signals import SigtermSafeDataLoader
 
 _log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ describe its preprocessing, written next to exported weights).
 - :class:`DigitsDataModule` (the default): scikit-learn's digits, stratified train/val/test split.
 - :class:`FashionMNISTDataModule`: Debian's ``dataset-fashion-mnist`` (60k train, of which ``val_size`` held out
   for validation, 10k test).
-- :class:`ImageFolderDataModule` (:mod:`linvit.train.timm_datamodules`): ImageNet layout (``root/train/<class>/*``,
+- :class:`ImageFolderDataModule` (:mod:`linvit.train.data.timm_datamodules`): ImageNet layout (``root/train/<class>/*``,
   ``root/val/<class>/*``), timm's train/eval transforms (RandAugment, random erasing), every image format PIL reads.
-- :class:`CIFARDataModule` (:mod:`linvit.train.timm_datamodules`): torchvision's CIFAR-10/100 (``download`` is the
+- :class:`CIFARDataModule` (:mod:`linvit.train.data.timm_datamodules`): torchvision's CIFAR-10/100 (``download`` is the
   user's choice, off by default).
 
-The configs name them all here (``linvit.train.datamodules.<Class>``), the shared base included.
+The configs name them all here (``linvit.train.data.datamodules.<Class>``), the shared base included.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from linvit.train._hparams import make_hparams_plain
-from linvit.train.data_options import fraction, whole_number
-from linvit.train.datamodule_base import IMAGENET_MEAN, IMAGENET_STD, ClassificationDataModule
-from linvit.train.datasets import (
+from linvit.train.data.datamodule_base import IMAGENET_MEAN, IMAGENET_STD, ClassificationDataModule
+from linvit.train.data.datasets import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_DIR,
     ArrayImageDataset,
@@ -32,7 +30,9 @@ from linvit.train.datasets import (
     load_fashion_mnist_arrays,
     stratified_split,
 )
-from linvit.train.timm_datamodules import CIFARDataModule, ImageFolderDataModule
+from linvit.train.data.hparams import make_hparams_plain
+from linvit.train.data.options import fraction, whole_number
+from linvit.train.data.timm_datamodules import CIFARDataModule, ImageFolderDataModule
 
 __all__ = [
     "IMAGENET_MEAN",

@@ -23,9 +23,9 @@ import numpy as np
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import has_file_allowed_extension
 
-from linvit.train.augment import AugmentationError
-from linvit.train.folder_scan import scan_split
-from linvit.train.worker_signals import SigtermSafeDataLoader
+from linvit.train.data.augment import AugmentationError
+from linvit.train.data.folder_scan import scan_split
+from linvit.train.data.worker_signals import SigtermSafeDataLoader
 
 _log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class PilLoader:
 class TolerantImageFolder(ImageFolder):
     """``ImageFolder`` with a ``bad_files`` policy for files PIL cannot read (``"skip"`` or ``"error"``).
 
-    The class folders are walked by :func:`~linvit.train.folder_scan.scan_split`: symlink loops and links into
+    The class folders are walked by :func:`~linvit.train.data.folder_scan.scan_split`: symlink loops and links into
     another class folder are refused, links out of the class folder followed with a warning naming them.
     Skipped files are recorded in a small log file (workers run in other processes) that
     :meth:`report_bad_files` reads, warns about once and clears; :attr:`skipped_files` keeps them all.
@@ -195,7 +195,7 @@ class ReportingDataLoader(SigtermSafeDataLoader):
     Lightning stops asking for batches after ``len(loader)`` of them without exhausting the iterator, so the
     report comes as soon as the last batch is loaded (all samples of the pass are then decoded, in workers too),
     before that batch is handed out; a pass cut short (``limit_*_batches``, the sanity check) reports at the start
-    of the next pass or at :meth:`~linvit.train.datamodules.ClassificationDataModule.teardown`.
+    of the next pass or at :meth:`~linvit.train.data.datamodules.ClassificationDataModule.teardown`.
     """
 
     def __iter__(self):

@@ -19,8 +19,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from linvit.dense.seg_folder import IMAGENET_MEAN, IMAGENET_STD, PairedTransform, SegmentationFolder
-from linvit.train.data_options import capped_workers, fraction, whole_number
-from linvit.train.worker_signals import SigtermSafeDataLoader
+from linvit.train.data.options import capped_workers, fraction, whole_number
+from linvit.train.data.worker_signals import SigtermSafeDataLoader
 
 __all__ = ["SegmentationDataModule"]
 

@@ -20,18 +20,18 @@ from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
-from linvit.train._hparams import make_hparams_plain
-from linvit.train.augment import guard_transform
-from linvit.train.auto_size import DEFAULT_MULTIPLE, MAX_AUTO_SIZE, auto_img_size
-from linvit.train.data_options import AUTO, fraction, whole_number
-from linvit.train.datamodule_base import ClassificationDataModule
-from linvit.train.datasets import DataUnavailableError, held_out_per_class
-from linvit.train.image_folder import (
+from linvit.train.data.augment import guard_transform
+from linvit.train.data.auto_size import DEFAULT_MULTIPLE, MAX_AUTO_SIZE, auto_img_size
+from linvit.train.data.datamodule_base import ClassificationDataModule
+from linvit.train.data.datasets import DataUnavailableError, held_out_per_class
+from linvit.train.data.hparams import make_hparams_plain
+from linvit.train.data.image_folder import (
     BAD_FILE_MODES,
     PilLoader,
     ReadableByPil,
     TolerantImageFolder,
 )
+from linvit.train.data.options import AUTO, fraction, whole_number
 
 _log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         root: dataset folder.
         img_size: input side in pixels, or ``"auto"``: the median shorter side of (up to 256 of) the training
             images, rounded to a multiple of ``size_multiple`` and at most 224 (the training entry passes the
-            model's stride; see :mod:`linvit.train.auto_size`).
+            model's stride; see :mod:`linvit.train.data.auto_size`).
         test_fraction: without a ``root/test`` folder, the share of each class of ``train`` held out (seeded by
             ``split_seed``) as the test split, which then never trains and never chooses a checkpoint; the held-out
             files are listed in ``<run directory>/test_split.txt``. ``0`` tests on ``val`` (which also chose the
@@ -92,7 +92,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
             ``skip`` (default; another image stands in, and one warning at the end of each pass over the data counts
             and names the files) or ``error`` (raise naming the file). Files that are not images by extension are
             always ignored. Symlink loops are refused; links out of a class folder are followed with a warning.
-        check: run :func:`~linvit.train.data_check.check_image_folder` (``linvit check-data``) in ``setup`` and log
+        check: run :func:`~linvit.train.data.check.check_image_folder` (``linvit check-data``) in ``setup`` and log
             its report: counts, unreadable files, duplicates across splits, sizes and modes (decodes every image
             once; off by default). The images per split and class are logged either way.
     """
@@ -134,7 +134,8 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         self.test_split_record: dict[str, Any] | None = None  # how the test split was held out, if it was
 
     def choose_img_size(self, size_multiple: int = DEFAULT_MULTIPLE) -> int:
-        """``img_size="auto"``: the size the training images suggest (:mod:`linvit.train.auto_size`); else as set."""
+        """``img_size="auto"``: the size the training images suggest (:mod:`linvit.train.data.auto_size`); else as
+        set."""
         if self.img_size_is_auto:
             folder = self._split_folder("train")
             self.img_size, median = auto_img_size(folder, size_multiple)
@@ -244,7 +245,7 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         return state
 
     def _log_data_check(self) -> None:
-        from linvit.train.data_check import check_image_folder
+        from linvit.train.data.check import check_image_folder
 
         report = check_image_folder(self.root, workers=max(1, self.num_workers))
         _log.info("data check (data.check=true):\n%s", report.format())

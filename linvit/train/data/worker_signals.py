@@ -2,8 +2,8 @@
 
 Schedulers (SLURM, ``timeout``, Kubernetes) send SIGTERM to every process of a job. A data worker that dies of it
 makes the main process fail ("DataLoader worker (pid ...) is killed by signal: Terminated") before it saves. While a
-fit with :class:`~linvit.train.callbacks.SaveOnSigterm` runs, new workers block SIGTERM: the signal stays pending,
-and they end as usual when the main process stops them or is gone (torch's watchdog).
+fit with :class:`~linvit.train.modules.callbacks.SaveOnSigterm` runs, new workers block SIGTERM: the signal stays
+pending, and they end as usual when the main process stops them or is gone (torch's watchdog).
 
 Two ways in, one per way workers start:
 

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from linvit.train.worker_signals import workers_block_sigterm
+from linvit.train.data.worker_signals import workers_block_sigterm
 
 _log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ class StepReseed(Callback):
 
     The randomness of a step (drop path, dropout, mixup) then depends on nothing the process did before it, so a run
     resumed from any checkpoint, at an epoch boundary or in the middle of an epoch, continues exactly as the
-    uninterrupted run. (The data side: :class:`linvit.train.datasets.SeededSamples` seeds each sample's augmentation
-    from its key, and the sampler skips the samples a resumed run already trained on.)
+    uninterrupted run. (The data side: :class:`linvit.train.data.datasets.SeededSamples` seeds each sample's
+    augmentation from its key, and the sampler skips the samples a resumed run already trained on.)
     """
 
     def __init__(self, seed: int = 0):
@@ -281,8 +281,8 @@ def _save_atomically(trainer: Trainer, path: Path) -> None:
 def unique_temporary(path: str | os.PathLike) -> Path:
     """A temporary file name beside ``path`` that no other writer uses: ``.<name>.<pid>-<random>.tmp``.
 
-    Hidden and ending in ``.tmp``, so that :func:`linvit.train.fault_tolerance.remove_stale_temporaries` removes it
-    when a kill left it behind.
+    Hidden and ending in ``.tmp``, so that :func:`linvit.train.modules.fault_tolerance.remove_stale_temporaries`
+    removes it when a kill left it behind.
     """
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")

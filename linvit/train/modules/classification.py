@@ -19,8 +19,8 @@ from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
 
 from linvit.models import check_model_name
-from linvit.train._hparams import make_hparams_plain
-from linvit.train.recipe import WarmupCosine, merge_options
+from linvit.train.data.hparams import make_hparams_plain
+from linvit.train.modules.recipe import WarmupCosine, merge_options
 
 _log = logging.getLogger(__name__)
 

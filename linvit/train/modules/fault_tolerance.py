@@ -10,7 +10,7 @@ What Lightning 2.6 already does, and what this module adds:
   :class:`AtomicCheckpointing` installs it from the callbacks config, so no trainer plugin config is needed.
 - SIGTERM. Lightning records SIGTERM and stops at the end of the training batch (``SIGTERMException``); on SLURM
   with ``auto_requeue`` it also saves an ``hpc_ckpt`` and requeues on the requeue signal (SIGUSR1). What it does not
-  do outside SLURM is save: :class:`linvit.train.callbacks.SaveOnSigterm` does that (same batch boundary).
+  do outside SLURM is save: :class:`linvit.train.modules.callbacks.SaveOnSigterm` does that (same batch boundary).
 - Non-finite losses. Lightning has no guard (``detect_anomaly`` only raises, and slowly). :class:`NonFiniteLossGuard`
   skips the optimiser step of a batch whose loss (or, without a grad scaler, gradient) is NaN/Inf, stops after too
   many skips in a row, or stops at the first one, and never lets non-finite weights into a checkpoint, so the last

@@ -28,7 +28,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-from linvit.train.fault_tolerance import atomic_write
+from linvit.train.modules.fault_tolerance import atomic_write
 
 __all__ = ["ResumableCSVLogger", "ResumeLoggedMetrics"]
 

@@ -1,9 +1,10 @@
 """Lightning module for semantic segmentation on any linvit/timm backbone (cross-entropy, mIoU from torchmetrics).
 
 The model is :func:`linvit.dense.create_segmentation_model` (backbone + FPN / UPerNet head); this module trains it
-beside the classifier of :mod:`linvit.train.module`, with the same recipe helpers (:mod:`linvit.train.recipe`).
-Hydra: ``configs/model/seg_*.yaml`` sets ``_target_: linvit.train.seg_module.SegmentationModule``; ``train.py``
-instantiates it with the DataModule from ``configs/data/seg_*.yaml``.
+beside the classifier of :mod:`linvit.train.modules.classification`, with the same recipe helpers
+(:mod:`linvit.train.modules.recipe`). Hydra: ``configs/model/seg_*.yaml`` sets
+``_target_: linvit.train.modules.segmentation.SegmentationModule``; ``train.py`` instantiates it with the DataModule
+from ``configs/data/seg_*.yaml``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torchmetrics.classification import MulticlassJaccardIndex
 
 from linvit.dense.seg_folder import IGNORE_INDEX
 from linvit.dense.segmentation import create_segmentation_model
-from linvit.train.recipe import WarmupCosine, merge_options
+from linvit.train.modules.recipe import WarmupCosine, merge_options
 
 __all__ = ["SegmentationModule"]
 

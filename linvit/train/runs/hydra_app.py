@@ -3,7 +3,7 @@
 Both compose ``train.yaml`` from the training configs (:func:`config_dir`: ``linvit/configs`` inside the package,
 which in a checkout is the link to the top-level ``configs/``), take the same command-line overrides, Hydra's own
 flags included (``--config-dir DIR`` puts your own configs first in the search path, ``--cfg job`` prints the config,
-``-m`` sweeps), and run :func:`linvit.train.run.train`.
+``-m`` sweeps), and run :func:`linvit.train.runs.run.train`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _log = logging.getLogger("linvit.train")
 
 def config_dir() -> Path:
     """The training configs that ship with the package (``linvit/configs``)."""
-    directory = (Path(__file__).resolve().parents[1] / "configs").resolve()
+    directory = (Path(__file__).resolve().parents[2] / "configs").resolve()
     if not (directory / f"{CONFIG_NAME}.yaml").is_file():
         raise FileNotFoundError(
             f"linvit's training configs are missing: no {CONFIG_NAME}.yaml in {directory}. Reinstall linvit (the wheel "
@@ -39,10 +39,10 @@ def run_task(cfg: Any) -> float | None:
     traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback.
     """
     from linvit.io import CheckpointError
-    from linvit.train.config_types import ConfigTypeError
-    from linvit.train.datasets import DataUnavailableError
-    from linvit.train.run import summarize, train
-    from linvit.train.run_dir import is_first_process
+    from linvit.train.data.datasets import DataUnavailableError
+    from linvit.train.runs.config_types import ConfigTypeError
+    from linvit.train.runs.run import summarize, train
+    from linvit.train.runs.run_dir import is_first_process
 
     try:
         metrics = train(cfg)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None, configs: str | os.PathLike | None = None
     """
     import hydra
 
-    from linvit.train.run_identity import register_resolvers
+    from linvit.train.runs.run_identity import register_resolvers
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

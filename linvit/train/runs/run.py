@@ -35,7 +35,7 @@ class RunDirectoryGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from omegaconf import open_dict, read_write
 
-        from linvit.train.run_dir import (
+        from linvit.train.runs.run_dir import (
             RunDirectoryInUseError,
             claim_new_directory,
             hold_run_directory,
@@ -58,18 +58,22 @@ class RunDirectoryGuard(Callback):
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
-    """Instantiate every entry with a ``_target_`` in a config group such as ``callbacks`` or ``logger``."""
+    """Instantiate every entry with a ``_target_`` in a config group such as ``callbacks`` or ``logger`` (targets of
+    classes that moved updated first)."""
     from hydra.utils import instantiate
 
     if not section:
         return []
-    return [instantiate(entry) for entry in section.values() if isinstance(entry, DictConfig) and "_target_" in entry]
+    entries = [entry for entry in section.values() if isinstance(entry, DictConfig) and "_target_" in entry]
+    for entry in entries:
+        _update_renamed_targets(entry)
+    return [instantiate(entry) for entry in entries]
 
 
 def _update_renamed_targets(node: Any) -> None:
     """A ``_target_`` a class had before it moved (a config written then) becomes the class's name now, with a
-    warning that says which line to change (:data:`linvit.train.saved_run.RENAMED_TARGETS`)."""
-    from linvit.train.saved_run import current_target
+    warning that says which line to change (:data:`linvit.train.runs.saved_run.RENAMED_TARGETS`)."""
+    from linvit.train.runs.saved_run import current_target
 
     if not isinstance(node, DictConfig):
         return
@@ -118,7 +122,7 @@ def _choose_img_size(cfg: DictConfig, datamodule: Any) -> None:
     model is built (the model config reads ``${data.img_size}``); the saved config.yaml holds the number."""
     if not getattr(datamodule, "img_size_is_auto", False):
         return
-    from linvit.train.auto_size import DEFAULT_MULTIPLE, model_stride
+    from linvit.train.data.auto_size import DEFAULT_MULTIPLE, model_stride
 
     model_cfg = cfg.get("model") or {}
     name, kwargs = model_cfg.get("model_name"), model_cfg.get("model_kwargs")
@@ -180,7 +184,7 @@ def _check_checkpoint(path: Path, trusted: bool) -> None:
     """Read the checkpoint (memory-mapped) and refuse one whose hyper-parameters name callables outside linvit's
     allow-list; a trusted one is only checked to be intact (loading it would run its code twice)."""
     from linvit.io import check_checkpoint_intact
-    from linvit.train.export import load_checkpoint
+    from linvit.train.runs.export import load_checkpoint
     from linvit.utils.saved_config import check_targets
 
     if trusted:
@@ -218,12 +222,13 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
 
     ``callbacks``: Lightning callbacks added to those of ``cfg.callbacks`` (for programmatic use and tests).
     The run directory (``paths.output_dir``) is locked meanwhile: a second process that runs in it is refused with
-    :class:`linvit.train.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.run_dir`). Values of the wrong
-    type are refused first, before anything is built (:func:`linvit.train.config_types.check_config_types`).
+    :class:`linvit.train.runs.run_dir.RunDirectoryInUseError` (see :mod:`linvit.train.runs.run_dir`). Values of the
+    wrong type are refused first, before anything is built
+    (:func:`linvit.train.runs.config_types.check_config_types`).
     """
-    from linvit.train.config_types import check_config_types
-    from linvit.train.run_dir import is_first_process, run_directory_lock
-    from linvit.train.run_identity import register_resolvers
+    from linvit.train.runs.config_types import check_config_types
+    from linvit.train.runs.run_dir import is_first_process, run_directory_lock
+    from linvit.train.runs.run_identity import register_resolvers
 
     register_resolvers()  # task_name in the saved config.yaml
     check_config_types(cfg)
@@ -286,7 +291,7 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     if export_cfg.get("enabled", False) and trainer.is_global_zero and not _exportable(model):
         _log.info("export skipped: %s is not an ImageClassifier (set export.enabled=false)", type(model).__name__)
     elif export_cfg.get("enabled", False) and trainer.is_global_zero:
-        from linvit.train.export import export_checkpoint
+        from linvit.train.runs.export import export_checkpoint
 
         source = best or str(output_dir / "checkpoints" / "last.ckpt")
         if Path(source).is_file():
@@ -309,13 +314,13 @@ def _refuse_untrusted(path: str | None) -> Iterator[None]:
     try:
         yield
     except pickle.UnpicklingError as error:
-        from linvit.train.export import untrusted_checkpoint_error
+        from linvit.train.runs.export import untrusted_checkpoint_error
 
         raise untrusted_checkpoint_error(path, error, "trust_checkpoint=true") from error
 
 
 def _exportable(model: Any) -> bool:
-    from linvit.train.module import ImageClassifier
+    from linvit.train.modules.classification import ImageClassifier
 
     return isinstance(model, ImageClassifier)
 

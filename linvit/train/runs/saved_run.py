@@ -4,7 +4,7 @@ built through linvit's allow-list, and its LightningModule rebuilt from the chec
 ``linvit eval`` uses these. Hydra's ``instantiate`` imports and calls whatever a ``_target_`` names; here every
 ``_target_`` is checked against :data:`linvit.utils.saved_config.TRUSTED_TARGETS` first (``trusted=True`` skips
 the check, for runs you trust), and classes that moved keep working under the name older runs saved
-(:data:`RENAMED_TARGETS`).
+(:data:`RENAMED_TARGETS`, :data:`MOVED_MODULES`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MOVED_MODULES",
     "RENAMED_TARGETS",
     "build_from_config",
     "current_target",
@@ -27,27 +28,49 @@ __all__ = [
 
 RENAMED_TARGETS: dict[str, str] = {
     # segmentation training moved beside classification training (dense/ holds no Lightning code)
-    "linvit.dense.seg_data.SegmentationDataModule": "linvit.train.seg_data.SegmentationDataModule",
-    "linvit.dense.seg_module.SegmentationModule": "linvit.train.seg_module.SegmentationModule",
+    "linvit.dense.seg_data.SegmentationDataModule": "linvit.train.data.segmentation.SegmentationDataModule",
+    "linvit.dense.seg_module.SegmentationModule": "linvit.train.modules.segmentation.SegmentationModule",
 }
 """``_target_`` names that runs saved before a class moved still carry, and the class's name now."""
+
+MOVED_MODULES: dict[str, str] = {
+    # linvit.train was one flat folder until it split into the rooms data, modules and runs: the modules whose
+    # classes a config names (DataModules, LightningModules, callbacks, the CSV logger, the Hydra callback)
+    "linvit.train.datamodules": "linvit.train.data.datamodules",
+    "linvit.train.timm_datamodules": "linvit.train.data.timm_datamodules",
+    "linvit.train.seg_data": "linvit.train.data.segmentation",
+    "linvit.train.module": "linvit.train.modules.classification",
+    "linvit.train.seg_module": "linvit.train.modules.segmentation",
+    "linvit.train.callbacks": "linvit.train.modules.callbacks",
+    "linvit.train.fault_tolerance": "linvit.train.modules.fault_tolerance",
+    "linvit.train.logged_metrics": "linvit.train.modules.logged_metrics",
+    "linvit.train.run": "linvit.train.runs.run",
+}
+"""Modules that moved, by their old name: a ``_target_`` ``<old module>.<class>`` (what configs and runs saved
+before the move name) is ``<new module>.<class>`` now."""
 
 # Options that runs saved before they existed did not record, with the value that reproduces those runs: they
 # trained on every training image, so their test split is what it was then (not a share of train held out, which
 # that model trained on; not a CIFAR validation split).
 _OPTIONS_OF_OLDER_RUNS = {
-    "linvit.train.datamodules.ImageFolderDataModule": {"test_fraction": 0},
-    "linvit.train.datamodules.CIFARDataModule": {"val_size": 0},
+    "linvit.train.data.datamodules.ImageFolderDataModule": {"test_fraction": 0},
+    "linvit.train.data.datamodules.CIFARDataModule": {"val_size": 0},
 }
 # Hydra keys a saved node may carry besides its target: arguments are always plain containers here (`_convert_`)
 _SPECIAL_KEYS = ("_target_", "_args_", "_partial_", "_convert_")
-_CLASSIFIER = "linvit.train.module.ImageClassifier"
-_SEGMENTER = "linvit.train.seg_module.SegmentationModule"
+_CLASSIFIER = "linvit.train.modules.classification.ImageClassifier"
+_SEGMENTER = "linvit.train.modules.segmentation.SegmentationModule"
 
 
 def current_target(name: Any) -> Any:
-    """The name a ``_target_`` has now (see :data:`RENAMED_TARGETS`); any other value as it is."""
-    return RENAMED_TARGETS.get(name, name) if isinstance(name, str) else name
+    """The name a ``_target_`` has now (see :data:`RENAMED_TARGETS` and :data:`MOVED_MODULES`); any other value as
+    it is."""
+    if not isinstance(name, str):
+        return name
+    if name in RENAMED_TARGETS:
+        return RENAMED_TARGETS[name]
+    module, _, attribute = name.rpartition(".")
+    return f"{MOVED_MODULES[module]}.{attribute}" if module in MOVED_MODULES else name
 
 
 def _with_current_targets(node: Any) -> Any:
@@ -179,7 +202,7 @@ def module_from_checkpoint(
 
     hparams = dict(saved.get("hyper_parameters") or {})
     if current_target(model_target) == _SEGMENTER:
-        from linvit.train.seg_module import SegmentationModule
+        from linvit.train.modules.segmentation import SegmentationModule
 
         if not trusted:
             check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
@@ -187,7 +210,7 @@ def module_from_checkpoint(
         names = hparams.get("class_names") or getattr(datamodule, "class_names", None)
         module = SegmentationModule(**{**hparams, "pretrained": False, "checkpoint": None, "class_names": names})
     else:
-        from linvit.train.module import ImageClassifier
+        from linvit.train.modules.classification import ImageClassifier
 
         if not trusted:
             check_classifier_hparams(hparams, source, opt_in)

@@ -17,8 +17,8 @@ from PIL import Image
 from timm.data.auto_augment import AugmentOp, RandAugment
 from train_helpers import compose
 
-from linvit.train.augment import AugmentationError, guard_transform, posterize_any_bits
-from linvit.train.image_folder import PilLoader, TolerantImageFolder
+from linvit.train.data.augment import AugmentationError, guard_transform, posterize_any_bits
+from linvit.train.data.image_folder import PilLoader, TolerantImageFolder
 
 PILLOW_13 = int(PIL.__version__.split(".")[0]) >= 13
 DATA_WITH_AUTO_AUGMENT = ["imagefolder", "cifar10", "cifar100"]

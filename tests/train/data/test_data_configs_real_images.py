@@ -15,7 +15,7 @@ import pytest
 import yaml
 from train_helpers import SHORT, compose
 
-from linvit.train.run import train
+from linvit.train.runs.run import train
 
 pytest.importorskip("skimage", reason="scikit-image (the dev extra) has the sample photos")
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from linvit.train.auto_size import MAX_AUTO_SIZE, auto_img_size, model_stride, round_to_multiple
-from linvit.train.data_options import available_cores, capped_workers
-from linvit.train.datamodules import ImageFolderDataModule
-from linvit.train.datasets import held_out_per_class
-from linvit.train.timm_datamodules import TEST_SPLIT_FILE
+from linvit.train.data.auto_size import MAX_AUTO_SIZE, auto_img_size, model_stride, round_to_multiple
+from linvit.train.data.datamodules import ImageFolderDataModule
+from linvit.train.data.datasets import held_out_per_class
+from linvit.train.data.options import available_cores, capped_workers
+from linvit.train.data.timm_datamodules import TEST_SPLIT_FILE
 
 
 def _folder(root: Path, per_class: dict[str, int], size=(28, 28), splits=("train", "val")) -> Path:
@@ -127,7 +127,7 @@ def test_the_imagefolder_config_defaults_to_auto(tmp_path):
     import yaml
     from train_helpers import FAST, compose
 
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     root = _folder(tmp_path / "digits", {"a": 4, "b": 4})
     data = ["data=imagefolder", f"data.root={root}", "data.num_classes=2", "data.batch_size=4"]
@@ -147,7 +147,7 @@ def test_eval_of_a_run_saved_before_test_fraction_existed_tests_on_val_as_it_did
     from train_helpers import FAST, TINY_TIMM, compose
 
     from linvit.cli import main as linvit_main
-    from linvit.train.run import train
+    from linvit.train.runs.run import train
 
     root = _folder(tmp_path / "data", {"a": 4, "b": 4})
     run = tmp_path / "run"

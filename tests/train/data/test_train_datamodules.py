@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 from train_helpers import compose
 
-from linvit.train.datamodules import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
-from linvit.train.datasets import FASHION_MNIST_DIR, EpochSeededSampler, load_fashion_mnist_arrays
-from linvit.train.run import train
+from linvit.train.data.datamodules import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
+from linvit.train.data.datasets import FASHION_MNIST_DIR, EpochSeededSampler, load_fashion_mnist_arrays
+from linvit.train.runs.run import train
 
 HAVE_FASHION = (Path(FASHION_MNIST_DIR) / "t10k-images-idx3-ubyte.gz").is_file()
 
@@ -43,7 +43,7 @@ def test_resumed_sampler_hands_out_what_the_uninterrupted_one_had_left():
 
 
 def test_seeded_samples_make_augmentation_a_function_of_the_key():
-    from linvit.train.datasets import SeededSamples
+    from linvit.train.data.datasets import SeededSamples
 
     class Noisy(torch.utils.data.Dataset):
         report_bad_files = "forwarded"
@@ -181,7 +181,7 @@ def test_augmented_batches_do_not_depend_on_data_workers_or_the_random_state():
     workers, whatever the process drew before, and for a sampler resumed mid-epoch."""
     from torch.utils.data import DataLoader
 
-    from linvit.train.datasets import ArrayImageDataset, SeededSamples
+    from linvit.train.data.datasets import ArrayImageDataset, SeededSamples
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (24, 8, 8), generator=generator, dtype=torch.uint8).numpy()

@@ -1,7 +1,7 @@
 """metrics.csv survives a resume (ResumableCSVLogger) and is cut back to the checkpoint's rows (ResumeLoggedMetrics).
 
 The whole-run comparisons (epoch means, final metrics, metrics.csv after SIGTERM/SIGKILL at every moment) are in
-tests/train/test_train_resume.py and tests/reliability/test_resume_sweep.py.
+tests/train/runs/test_train_resume.py and tests/reliability/test_resume_sweep.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.train.logged_metrics import ResumableCSVLogger, ResumeLoggedMetrics
+from linvit.train.modules.logged_metrics import ResumableCSVLogger, ResumeLoggedMetrics
 
 
 def _rows(path):

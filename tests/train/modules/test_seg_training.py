@@ -1,6 +1,7 @@
-"""Segmentation training (linvit.train.seg_data, linvit.train.seg_module): the folder DataModule, a short run that
-learns, the shared warm-up + cosine schedule, and runs saved when these classes lived in linvit.dense (their configs
-name linvit.dense.seg_*): `linvit eval` evaluates them without Hydra, and a config written then still trains."""
+"""Segmentation training (linvit.train.data.segmentation, linvit.train.modules.segmentation): the folder DataModule, a
+short run that learns, the shared warm-up + cosine schedule, and runs saved when these classes lived in linvit.dense
+(their configs name linvit.dense.seg_*): `linvit eval` evaluates them without Hydra, and a config written then still
+trains."""
 
 import json
 import os
@@ -16,10 +17,10 @@ import yaml
 
 from linvit.dense.seg_folder import IGNORE_INDEX
 from linvit.dense.synthetic import generate_synthetic_segmentation
-from linvit.train.seg_data import SegmentationDataModule
-from linvit.train.seg_module import SegmentationModule
+from linvit.train.data.segmentation import SegmentationDataModule
+from linvit.train.modules.segmentation import SegmentationModule
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_datamodule_split_without_train_val_folders(tmp_path):
@@ -149,14 +150,14 @@ def test_eval_of_a_segmentation_run_refuses_backbone_arguments_that_load_files(t
 
 
 def test_saved_runs_build_their_classes_under_the_new_names(tmp_path):
-    from linvit.train.saved_run import RENAMED_TARGETS, build_from_config, load_run_config
+    from linvit.train.runs.saved_run import RENAMED_TARGETS, build_from_config, load_run_config
     from linvit.utils.saved_config import TRUSTED_TARGETS
 
     assert set(RENAMED_TARGETS.values()) <= TRUSTED_TARGETS
     run, _, _ = _old_segmentation_run(tmp_path)
     config = load_run_config(run / "config.yaml")
-    assert config["data"]["_target_"] == "linvit.train.seg_data.SegmentationDataModule"
-    assert config["model"]["_target_"] == "linvit.train.seg_module.SegmentationModule"
+    assert config["data"]["_target_"] == "linvit.train.data.segmentation.SegmentationDataModule"
+    assert config["model"]["_target_"] == "linvit.train.modules.segmentation.SegmentationModule"
     datamodule = build_from_config(config["data"], run / "config.yaml", prefix="data")
     assert isinstance(datamodule, SegmentationDataModule) and datamodule.crop_size == (32, 32)
 
@@ -165,7 +166,7 @@ def test_a_config_written_with_the_old_names_still_trains(tmp_path, caplog):
     """A user's config copied from ours before the move (e.g. in --config-dir) builds the classes where they are now."""
     from train_helpers import compose
 
-    from linvit.train.run import _instantiate_plain
+    from linvit.train.runs.run import _instantiate_plain
 
     overrides = ["experiment=seg_synthetic_linvit_nano", "model.backbone=test_convnext", "model.channels=8"]
     overrides += [f"paths.data_dir={tmp_path}", f"data._target_={OLD_DATA}", f"model._target_={OLD_MODEL}"]
@@ -174,5 +175,6 @@ def test_a_config_written_with_the_old_names_still_trains(tmp_path, caplog):
         datamodule, model = _instantiate_plain(cfg.data), _instantiate_plain(cfg.model)
     assert isinstance(datamodule, SegmentationDataModule) and isinstance(model, SegmentationModule)
     assert (
-        f"_target_: {OLD_DATA} has moved: write _target_: linvit.train.seg_data.SegmentationDataModule" in caplog.text
+        f"_target_: {OLD_DATA} has moved: write _target_: linvit.train.data.segmentation.SegmentationDataModule"
+        in caplog.text
     )

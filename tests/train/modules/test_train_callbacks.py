@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.train.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm
-from linvit.train.module import ImageClassifier
+from linvit.train.modules.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm
+from linvit.train.modules.classification import ImageClassifier
 
 
 def _loader(n=24):
@@ -47,7 +47,7 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "a temporary file was left behind"
-    from linvit.train import worker_signals
+    from linvit.train.data import worker_signals
 
     assert not worker_signals.blocking(), "processes started after the fit would still block SIGTERM"
     signal.signal(signal.SIGTERM, previous)
@@ -82,8 +82,8 @@ import sys, time
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-from linvit.train.callbacks import SaveOnSigterm
-from linvit.train.worker_signals import SigtermSafeDataLoader
+from linvit.train.modules.callbacks import SaveOnSigterm
+from linvit.train.data.worker_signals import SigtermSafeDataLoader
 
 
 class Model(pl.LightningModule):

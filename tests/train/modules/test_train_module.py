@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.train.module import ImageClassifier
-from linvit.train.recipe import WarmupCosine
+from linvit.train.modules.classification import ImageClassifier
+from linvit.train.modules.recipe import WarmupCosine
 
 
 def test_warmup_cosine_schedule():

@@ -12,7 +12,7 @@ from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 from train_helpers import CONFIG_DIR, compose
 
-from linvit.train.run_identity import data_label, model_label, register_resolvers
+from linvit.train.runs.run_identity import data_label, model_label, register_resolvers
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,8 @@ def test_labels_of_configs_outside_the_project():
 
 
 def test_segmentation_class_names_come_from_the_data(tmp_path):
-    from linvit.train.seg_data import SegmentationDataModule
-    from linvit.train.seg_module import SegmentationModule
+    from linvit.train.data.segmentation import SegmentationDataModule
+    from linvit.train.modules.segmentation import SegmentationModule
 
     synthetic = SegmentationDataModule(tmp_path / "s", num_classes=3, synthetic={"num_train": 1})
     assert synthetic.class_names == ["background", "disc", "square"]

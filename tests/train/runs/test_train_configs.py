@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from train_helpers import CONFIG_DIR, compose
 
 import linvit  # noqa: F401  (registers the models)
-from linvit.train.model_configs import missing_or_stale, registered_model_names
+from linvit.train.runs.model_configs import missing_or_stale, registered_model_names
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
@@ -57,7 +57,7 @@ def test_paper_recipe():
 def test_every_registered_model_has_a_config():
     names = registered_model_names()
     assert "linvit_nano" in names or not timm.list_models("linvit_*")
-    assert missing_or_stale() == [], "run `python -m linvit.train.model_configs --config-dir configs` to add them"
+    assert missing_or_stale() == [], "run `python -m linvit.train.runs.model_configs --config-dir configs` to add them"
     for name in names:
         cfg = compose([f"model={name}"])
         assert cfg.model.model_name == name
@@ -108,8 +108,8 @@ def test_slurm_launcher_config():
 def test_default_callbacks_include_fault_tolerance():
     cfg = compose([])
     targets = {entry._target_ for entry in cfg.callbacks.values() if entry and "_target_" in entry}
-    assert "linvit.train.fault_tolerance.AtomicCheckpointing" in targets
-    assert "linvit.train.fault_tolerance.NonFiniteLossGuard" in targets
+    assert "linvit.train.modules.fault_tolerance.AtomicCheckpointing" in targets
+    assert "linvit.train.modules.fault_tolerance.NonFiniteLossGuard" in targets
 
 
 def test_trust_checkpoint_is_off_by_default():
@@ -117,7 +117,7 @@ def test_trust_checkpoint_is_off_by_default():
 
 
 def test_the_config_generator_writes_only_where_it_is_told(tmp_path, capsys):
-    from linvit.train.model_configs import CONFIG_DIR, main
+    from linvit.train.runs.model_configs import CONFIG_DIR, main
 
     shipped = sorted(path.stat().st_mtime_ns for path in (CONFIG_DIR / "model").glob("*.yaml"))
     with pytest.raises(SystemExit) as refused:  # no --config-dir: an error, not a write into the package

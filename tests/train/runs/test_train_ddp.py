@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from train_helpers import REPO, SHORT, report_ema_parameters  # SHORT: one epoch of two steps; else the defaults
 
-from linvit.train.module import ImageClassifier
+from linvit.train.modules.classification import ImageClassifier
 
 
 def _train_py(tmp_path, *overrides: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from _run_state import assert_same_run, run_state
 from lightning.pytorch import Callback
 from train_helpers import FAST, TINY_TIMM, compose
 
-from linvit.train.run import train
+from linvit.train.runs.run import train
 
 
 class StopAfterFirstEpoch(Callback):
