@@ -72,12 +72,14 @@ def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.
     position = torch.empty(1, shape.tokens, channels, **meta)
     weight = torch.empty(shape.head_dim, 1, shape.kernel_size, shape.kernel_size, **meta)
     bias = torch.empty(shape.head_dim, **meta)
-    options = (shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6)
+    options = triton_launch.KernelOptions(
+        shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6
+    )
     forward, out, partials = triton_launch.forward_plan(
-        qkv, inverse, position, weight, bias, None, *options, False, multiprocessors=H200_MULTIPROCESSORS
+        qkv, inverse, position, weight, bias, None, options, False, multiprocessors=H200_MULTIPROCESSORS
     )
     backward, _, _ = triton_launch.backward_plan(
-        out, qkv, partials, inverse, position, weight, None, *options, multiprocessors=H200_MULTIPROCESSORS
+        out, qkv, partials, inverse, position, weight, None, options, multiprocessors=H200_MULTIPROCESSORS
     )
     return forward, backward
 

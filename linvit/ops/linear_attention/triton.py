@@ -13,6 +13,8 @@ Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the D
 v and dL/dout again for the DWC weight (4C B), and writes dq|dk|dv (6C B).
 """
 
+import typing
+
 import torch
 import triton
 from torch import Tensor
@@ -20,6 +22,7 @@ from torch import Tensor
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_launch
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
+from linvit.ops.linear_attention.triton_launch import KernelOptions
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
@@ -37,14 +40,29 @@ def _launch(kernel):
     return kernel if wrap_triton is None or interpreting() else wrap_triton(kernel)
 
 
-def _custom_op(name: str, fake):
-    """Register ``fn`` as the op ``name``: a Triton op where torch has them, else (and under Triton's interpreter,
-    whose kernels fake tensors cannot trace) a custom op with ``fake`` as its shape function."""
+# The ops' schemas; their scalar arguments are KernelOptions, in its order (ints as SymInt, for dynamic shapes).
+_OPTIONS = ", ".join(
+    f"{'SymInt' if kind is int else 'float'} {name}" for name, kind in typing.get_type_hints(KernelOptions).items()
+)
+_FORWARD_SCHEMA = (
+    "(Tensor qkv, Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? dwc_bias, "
+    f"Tensor? key_mask, {_OPTIONS}, bool prescaled) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+_BACKWARD_SCHEMA = (
+    "(Tensor grad_out, Tensor qkv, Tensor partial_s, Tensor partial_z, Tensor partial_count, "
+    f"Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? key_mask, {_OPTIONS}) "
+    "-> (Tensor, Tensor)"
+)
+
+
+def _custom_op(name: str, schema: str, fake):
+    """Register ``fn`` as the op ``name`` with ``schema``: a Triton op where torch has them, else (and under
+    Triton's interpreter, whose kernels fake tensors cannot trace) a custom op with ``fake`` as its shape function."""
 
     def register(fn):
         if triton_op is not None and not interpreting():
-            return triton_op(name, mutates_args=())(fn)
-        op = torch.library.custom_op(name, mutates_args=())(fn)
+            return triton_op(name, mutates_args=(), schema=schema)(fn)
+        op = torch.library.custom_op(name, mutates_args=(), schema=schema)(fn)
         op.register_fake(fake)
         return op
 
@@ -107,7 +125,7 @@ def _mask_bytes(key_mask: Tensor | None) -> Tensor | None:
     return None if key_mask is None else key_mask.contiguous().view(torch.uint8)
 
 
-@_custom_op("linvit::linear_attention_qkv_forward", _forward_shapes)
+@_custom_op("linvit::linear_attention_qkv_forward", _FORWARD_SCHEMA, _forward_shapes)
 def _forward(
     qkv: Tensor,
     inverse_temperature: Tensor | None,
@@ -115,25 +133,19 @@ def _forward(
     dwc_weight: Tensor | None,
     dwc_bias: Tensor | None,
     key_mask: Tensor | None,
-    grid_h: int,
-    grid_w: int,
-    num_heads: int,
-    feature_map: int,
-    focusing_factor: float,
-    num_prefix_tokens: int,
-    eps: float,
-    feature_eps: float,
-    prescaled: bool,
+    *scalars: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The output and the partial states; ``scalars``: the KernelOptions, then prescaled."""
+    *options, prescaled = scalars
     launches, out, partials = triton_launch.forward_plan(
-        qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, _mask_bytes(key_mask), grid_h, grid_w,
-        num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, prescaled,
+        qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, _mask_bytes(key_mask), KernelOptions(*options),
+        prescaled,
     )  # fmt: skip
     _run(launches)
     return (out, *partials)
 
 
-@_custom_op("linvit::linear_attention_qkv_backward", _backward_shapes)
+@_custom_op("linvit::linear_attention_qkv_backward", _BACKWARD_SCHEMA, _backward_shapes)
 def _backward(
     grad_out: Tensor,
     qkv: Tensor,
@@ -144,19 +156,12 @@ def _backward(
     key_position: Tensor | None,
     dwc_weight: Tensor | None,
     key_mask: Tensor | None,
-    grid_h: int,
-    grid_w: int,
-    num_heads: int,
-    feature_map: int,
-    focusing_factor: float,
-    num_prefix_tokens: int,
-    eps: float,
-    feature_eps: float,
+    *options: float,
 ) -> tuple[Tensor, Tensor]:
+    """dL/dqkv and the small gradients; ``options``: the KernelOptions."""
     launches, grad_qkv, small_grads = triton_launch.backward_plan(
         grad_out, qkv, (partial_s, partial_z, partial_count), inverse_temperature, key_position, dwc_weight,
-        _mask_bytes(key_mask), grid_h, grid_w, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps,
-        feature_eps,
+        _mask_bytes(key_mask), KernelOptions(*options),
     )  # fmt: skip
     _run(launches)
     return grad_qkv, small_grads
@@ -168,7 +173,8 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(
         qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position, dwc_weight, key_mask
     )
-    ctx.options = inputs[6:]
+    *options, ctx.prescaled = inputs[6:]
+    ctx.options = KernelOptions(*options)
     ctx.mark_non_differentiable(partial_s, partial_z, partial_count)
 
 
@@ -176,17 +182,16 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
     qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position, dwc_weight, key_mask = (
         ctx.saved_tensors
     )
-    grid_h, grid_w, num_heads, feature_map, focusing_factor, prefix, eps, feature_eps, prescaled = ctx.options
-    if prescaled:
+    if ctx.prescaled:
         raise RuntimeError(
             "linear_attention_qkv(prescaled=True) is an inference path (the temperature folded into the projection): "
             "call it with prescaled=False when gradients are needed."
         )
     grad_qkv, small_grads = _backward(
         grad_out.contiguous(), qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position,
-        dwc_weight, key_mask, grid_h, grid_w, num_heads, feature_map, focusing_factor, prefix, eps, feature_eps,
+        dwc_weight, key_mask, *ctx.options,
     )  # fmt: skip
-    channels = qkv.shape[-1] // 3
+    channels, prefix = qkv.shape[-1] // 3, ctx.options.num_prefix_tokens
     grad_position = grad_weight = grad_bias = None
     if key_position is not None and ctx.needs_input_grad[2]:
         grad_keys = grad_qkv[:, prefix:, channels : 2 * channels]  # dL/d(k + P) is dL/dk
@@ -224,8 +229,9 @@ def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Te
         inverse_temperature = inverse_temperature.contiguous()
     if dwc_weight is not None:
         dwc_weight = dwc_weight.contiguous()
-    out, _, _, _ = _forward(
-        qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, hw[0], hw[1], num_heads,
-        _MAP_CODES[feature_map], float(focusing_factor), num_prefix_tokens, float(eps), float(feature_eps), prescaled,
+    options = KernelOptions(
+        hw[0], hw[1], num_heads, _MAP_CODES[feature_map], float(focusing_factor), num_prefix_tokens, float(eps),
+        float(feature_eps),
     )  # fmt: skip
+    out, _, _, _ = _forward(qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, *options, prescaled)
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import triton
@@ -22,7 +23,7 @@ from torch import Tensor
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_backward, triton_forward
 
-__all__ = ["Launch", "backward_plan", "forward_plan", "kernel_sizes", "num_chunks", "TILE_CONFIGS"]
+__all__ = ["KernelOptions", "Launch", "backward_plan", "forward_plan", "kernel_sizes", "num_chunks", "TILE_CONFIGS"]
 
 # The autotune space of the tiled kernels: (tokens per tile, warps, pipeline stages). Under Triton's interpreter the
 # first one runs (fixed, deterministic).
@@ -56,6 +57,20 @@ class Launch:
     loops: Callable[[int], tuple[float, ...]]  # mean trip counts of its run-time loops, in program order, per BLOCK_N
     tuned: bool = True  # BLOCK_N, num_warps and num_stages come from TILE_CONFIGS
     num_warps: int = 4  # untuned kernels
+
+
+class KernelOptions(NamedTuple):
+    """The scalar arguments of both custom ops (`triton.py`), in their order: the grid of the spatial tokens, the
+    heads, the feature map's code and power, the prefix tokens and the two epsilons."""
+
+    grid_h: int
+    grid_w: int
+    num_heads: int
+    feature_map: int
+    focusing_factor: float
+    num_prefix_tokens: int
+    eps: float
+    feature_eps: float
 
 
 def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
@@ -127,20 +142,14 @@ def forward_plan(
     dwc_weight: Tensor | None,
     dwc_bias: Tensor | None,
     mask: Tensor | None,
-    grid_h: int,
-    grid_w: int,
-    num_heads: int,
-    feature_map: int,
-    focusing_factor: float,
-    num_prefix_tokens: int,
-    eps: float,
-    feature_eps: float,
+    options: KernelOptions,
     prescaled: bool,
     multiprocessors: int | None = None,
 ) -> tuple[list[Launch], Tensor, tuple[Tensor, Tensor, Tensor]]:
     """The forward's launches, its output (B, N, C) and the partial states (S, z, kept) the backward needs.
 
     ``mask`` is the key mask as uint8 (or None)."""
+    grid_h, grid_w, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps = options
     batch, tokens, _ = qkv.shape
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
@@ -218,18 +227,12 @@ def backward_plan(
     key_position: Tensor | None,
     dwc_weight: Tensor | None,
     mask: Tensor | None,
-    grid_h: int,
-    grid_w: int,
-    num_heads: int,
-    feature_map: int,
-    focusing_factor: float,
-    num_prefix_tokens: int,
-    eps: float,
-    feature_eps: float,
+    options: KernelOptions,
     multiprocessors: int | None = None,
 ) -> tuple[list[Launch], Tensor, Tensor]:
     """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
     then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
+    grid_h, grid_w, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps = options
     partial_s, partial_z, partial_count = partials
     batch, chunks = partial_count.shape
     tokens = qkv.shape[1]
