@@ -38,8 +38,39 @@ _log = logging.getLogger(__name__)
 TEST_SPLIT_FILE = "test_split.txt"
 
 
-class _TimmTransformMixin:
-    """timm's ``create_transform`` train/eval pipelines, configured by the DataModule's arguments."""
+class TimmTransformDataModule(ClassificationDataModule):
+    """A :class:`ClassificationDataModule` whose train/eval pipelines are timm's ``create_transform``.
+
+    The subclasses (:class:`ImageFolderDataModule`, :class:`CIFARDataModule`) take these options besides their own
+    and record both as hyper-parameters, defaults included (Lightning reads the arguments of every ``__init__`` of
+    the chain: a subclass saves none itself).
+
+    Args:
+        auto_augment: timm auto-augment string, e.g. ``rand-m9-mstd0.5-inc1`` (RandAugment); empty for none.
+        re_prob, re_mode: random erasing probability and fill mode.
+        hflip, color_jitter, scale: timm training-transform options.
+        crop_pct, interpolation: evaluation resize/crop.
+        kwargs: the options of :class:`ClassificationDataModule`.
+    """
+
+    def __init__(
+        self,
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        re_mode: str = "pixel",
+        hflip: float = 0.5,
+        color_jitter: float | None = 0.4,
+        scale: Sequence[float] | None = (0.08, 1.0),
+        crop_pct: float = 0.875,
+        interpolation: str = "bicubic",
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        make_hparams_plain(self)
+        self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
+        self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
+        self.crop_pct, self.interpolation = float(crop_pct), interpolation
 
     def _timm_transform(self, train: bool):
         from timm.data import create_transform
@@ -64,12 +95,12 @@ class _TimmTransformMixin:
         return guard_transform(create_transform(**options))  # posterize safe on Pillow 13; failures named
 
     def data_config(self) -> dict[str, Any]:
-        config = ClassificationDataModule.data_config(self)
+        config = super().data_config()
         config.update(interpolation=self.interpolation, crop_pct=self.crop_pct)
         return config
 
 
-class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
+class ImageFolderDataModule(TimmTransformDataModule):
     """ImageNet layout: ``root/train/<class>/<image>`` and ``root/val/<class>/<image>`` (``root/test`` if present).
 
     Any format PIL reads; RGBA/palette images composited on white, greyscale converted to ``in_chans``.
@@ -84,10 +115,6 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
             files are listed in ``<run directory>/test_split.txt``. ``0`` tests on ``val`` (which also chose the
             best checkpoint: optimistic), with a warning saying so.
         split_seed: seed of that hold-out.
-        auto_augment: timm auto-augment string, e.g. ``rand-m9-mstd0.5-inc1`` (RandAugment); empty for none.
-        re_prob, re_mode: random erasing probability and fill mode.
-        hflip, color_jitter, scale: timm training-transform options.
-        crop_pct, interpolation: evaluation resize/crop.
         bad_files: what an unreadable image file (not an image, truncated, or any error of its decoder) does:
             ``skip`` (default; another image stands in, and one warning at the end of each pass over the data counts
             and names the files) or ``error`` (raise naming the file). Files that are not images by extension are
@@ -95,20 +122,14 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         check: run :func:`~linvit.train.data.check.check_image_folder` (``linvit check-data``) in ``setup`` and log
             its report: counts, unreadable files, duplicates across splits, sizes and modes (decodes every image
             once; off by default). The images per split and class are logged either way.
+        kwargs: timm's transform options (:class:`TimmTransformDataModule`: ``auto_augment``, ``re_prob``,
+            ``scale`` ...) and those of :class:`ClassificationDataModule`.
     """
 
     def __init__(
         self,
         root: str | os.PathLike,
         num_classes: int,
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        re_mode: str = "pixel",
-        hflip: float = 0.5,
-        color_jitter: float | None = 0.4,
-        scale: Sequence[float] | None = (0.08, 1.0),
-        crop_pct: float = 0.875,
-        interpolation: str = "bicubic",
         img_size: int | str = 224,
         test_fraction: float = 0.1,
         split_seed: int = 0,
@@ -118,8 +139,6 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
     ):
         auto = img_size == AUTO
         super().__init__(num_classes=num_classes, img_size=1 if auto else img_size, **kwargs)
-        self.save_hyperparameters()
-        make_hparams_plain(self)
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
         self.img_size_is_auto = auto  # until choose_img_size() has run
@@ -128,9 +147,6 @@ class ImageFolderDataModule(_TimmTransformMixin, ClassificationDataModule):
         self.root = Path(root)
         self.test_fraction = 0.0 if test_fraction == 0 else fraction(test_fraction, "data.test_fraction")
         self.split_seed = int(split_seed)
-        self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
-        self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
-        self.crop_pct, self.interpolation = float(crop_pct), interpolation
         self.test_split_record: dict[str, Any] | None = None  # how the test split was held out, if it was
 
     def choose_img_size(self, size_multiple: int = DEFAULT_MULTIPLE) -> int:
@@ -281,7 +297,7 @@ def _count_summary(train: Dataset, val: Dataset, test: Dataset) -> str:
     return f"{len(train.classes)} classes; " + "; ".join(parts)
 
 
-class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
+class CIFARDataModule(TimmTransformDataModule):
     """CIFAR-10 or CIFAR-100 through torchvision: ``val_size`` training images held out for validation, 10k test.
 
     Args:
@@ -291,6 +307,8 @@ class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
         val_size: training images held out to validate and choose the checkpoint (the same share of each class,
             drawn with ``split_seed``), so that the 10k test images only test; ``0`` validates on the test images
             (optimistic test metrics).
+        scale, crop_pct: as for :class:`TimmTransformDataModule`, with CIFAR's defaults (32-px images).
+        kwargs: timm's other transform options and those of :class:`ClassificationDataModule`.
     """
 
     def __init__(
@@ -301,29 +319,18 @@ class CIFARDataModule(_TimmTransformMixin, ClassificationDataModule):
         num_classes: int = 10,
         val_size: int = 5000,
         split_seed: int = 0,
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        re_mode: str = "pixel",
-        hflip: float = 0.5,
-        color_jitter: float | None = 0.4,
         scale: Sequence[float] | None = (0.6, 1.0),
         crop_pct: float = 1.0,
-        interpolation: str = "bicubic",
         mean: Sequence[float] = (0.4914, 0.4822, 0.4465),
         std: Sequence[float] = (0.2470, 0.2435, 0.2616),
         **kwargs: Any,
     ):
         if variant not in ("cifar10", "cifar100"):
             raise ValueError(f"variant must be 'cifar10' or 'cifar100', got {variant!r}.")
-        super().__init__(num_classes=num_classes, mean=mean, std=std, **kwargs)
-        self.save_hyperparameters()
-        make_hparams_plain(self)
+        super().__init__(num_classes=num_classes, scale=scale, crop_pct=crop_pct, mean=mean, std=std, **kwargs)
         self.root, self.variant, self.download = str(root), variant, bool(download)
         self.val_size = whole_number(val_size, "data.val_size", minimum=0)
         self.split_seed = int(split_seed)
-        self.auto_augment, self.re_prob, self.re_mode = auto_augment, float(re_prob), re_mode
-        self.hflip, self.color_jitter, self.scale = float(hflip), color_jitter, scale
-        self.crop_pct, self.interpolation = float(crop_pct), interpolation
 
     def _dataset(self, train: bool, transform=None):
         from torchvision import datasets

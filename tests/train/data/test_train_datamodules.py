@@ -11,7 +11,12 @@ import torch
 from PIL import Image
 from train_helpers import compose
 
-from linvit.train.data.datamodules import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
+from linvit.train.data.datamodules import (
+    CIFARDataModule,
+    DigitsDataModule,
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+)
 from linvit.train.data.datasets import FASHION_MNIST_DIR, EpochSeededSampler, load_fashion_mnist_arrays
 from linvit.train.runs.run import train
 
@@ -199,3 +204,15 @@ def test_augmented_batches_do_not_depend_on_data_workers_or_the_random_state():
     for got, expected in zip(batches(0, skip=8), reference[2:], strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert not torch.equal(reference[0], reference[1])
+
+
+def test_timm_datamodules_record_their_transform_options_defaults_included(tmp_path):
+    """The transform options live in TimmTransformDataModule; the subclasses' hyper-parameters still hold all of
+    them, with each class's defaults (what hparams.yaml and the checkpoints recorded before)."""
+    folder = ImageFolderDataModule(root=tmp_path, num_classes=3, img_size="auto", re_prob=0.0)
+    assert folder.hparams["img_size"] == "auto" and folder.hparams["re_prob"] == 0.0
+    assert folder.hparams["scale"] == (0.08, 1.0) and folder.hparams["crop_pct"] == 0.875
+    assert folder.hparams["auto_augment"] == "rand-m9-mstd0.5-inc1" and folder.hparams["check"] is False
+    cifar = CIFARDataModule(crop_pct=0.9)
+    assert cifar.hparams["scale"] == (0.6, 1.0) and cifar.hparams["crop_pct"] == 0.9 and cifar.crop_pct == 0.9
+    assert cifar.hparams["interpolation"] == "bicubic" and cifar.hparams["val_size"] == 5000
