@@ -1,15 +1,14 @@
 """Kernel feature maps φ for linear attention as modules, so that exp(q·k) or a similarity is replaced by φ(q)·φ(k).
 
 The functions are in :mod:`linvit.ops.linear_attention.feature_maps` (re-exported here). The modules share one call
-signature, `forward(x, is_query) -> features`, on token tensors (B, N, heads, d) -> (B, N, heads, m), so that an
-attention module can hold any of them. The focused map's learnable temperature `scale` lives on `FocusedLinearAttention`
-itself (it is a checkpoint key there), so the focused module here is the temperature-free map.
+signature (`FeatureMap`), `forward(x, is_query) -> features`, on token tensors (B, N, heads, d) -> (B, N, heads, m),
+so that an attention module can hold any of them. The focused map's learnable temperature `scale` lives on
+`FocusedLinearAttention` itself (it is a checkpoint key there), so the focused module here is the temperature-free map.
 """
 
 import math
 
 import torch
-import torch.fx
 from torch import Tensor, nn
 
 from linvit.ops.linear_attention.feature_maps import (
@@ -31,6 +30,7 @@ __all__ = [
     "taylor_feature_map",
     "favor_feature_map",
     "orthogonal_random_projection",
+    "FeatureMap",
     "ReLUFeatureMap",
     "ELUFeatureMap",
     "FocusedFeatureMap",
@@ -42,21 +42,32 @@ __all__ = [
 KERNEL_NAMES = ("focused", "relu", "elu", "favor", "taylor")
 
 
-class ReLUFeatureMap(nn.Module):
+class FeatureMap(nn.Module):
+    """A feature map φ as a module: `forward(x, is_query)` on (B, N, heads, d) tokens, and `random_features()`, the
+    state an attention core needs besides the map's name (FAVOR+'s projection; None for the others)."""
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        raise NotImplementedError
+
+    def random_features(self) -> Tensor | None:
+        return None
+
+
+class ReLUFeatureMap(FeatureMap):
     """φ(x) = relu(x) elementwise; (B, N, heads, d) -> same shape."""
 
     def forward(self, x: Tensor, is_query: bool) -> Tensor:
         return relu_feature_map(x)
 
 
-class ELUFeatureMap(nn.Module):
+class ELUFeatureMap(FeatureMap):
     """φ(x) = elu(x) + 1 elementwise; (B, N, heads, d) -> same shape."""
 
     def forward(self, x: Tensor, is_query: bool) -> Tensor:
         return elu_feature_map(x)
 
 
-class FocusedFeatureMap(nn.Module):
+class FocusedFeatureMap(FeatureMap):
     """Temperature-free focused map on (B, N, heads, d): norms over all heads·d channels of a token.
 
     `FocusedLinearAttention` does not use this module (it holds the learnable `scale` and runs a fused path); it is
@@ -73,7 +84,7 @@ class FocusedFeatureMap(nn.Module):
         return focused_feature_map(flat, None, self.focusing_factor, self.eps).view_as(x)
 
 
-class TaylorFeatureMap(nn.Module):
+class TaylorFeatureMap(FeatureMap):
     """Second-order Taylor features of x·d**-0.25: φ(q)·φ(k) = 1 + s + s²/2 with s = q·k/√d.
 
     (B, N, heads, d) -> (B, N, heads, 1 + d + d²). Costly for large d (d = 32 gives 1057 features).
@@ -88,7 +99,7 @@ class TaylorFeatureMap(nn.Module):
         return taylor_feature_map(x * self.input_scale)
 
 
-class FavorFeatureMap(nn.Module):
+class FavorFeatureMap(FeatureMap):
     """FAVOR+ positive orthogonal random features approximating softmax attention exp(q·k/√d).
 
     Holds the (num_features, head_dim) projection as a buffer `projection` (saved in the state dict so a trained
@@ -134,6 +145,10 @@ class FavorFeatureMap(nn.Module):
     def forward(self, x: Tensor, is_query: bool) -> Tensor:
         return favor_feature_map(x * self.input_scale, self.projection, is_query)
 
+    def random_features(self) -> Tensor | None:
+        """The (m, d) projection: the state an attention core needs besides the map's name."""
+        return self.projection
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_features={self.num_features}"
 
@@ -145,7 +160,7 @@ def create_feature_map(
     num_features: int | None = None,
     device=None,
     dtype=None,
-) -> nn.Module:
+) -> FeatureMap:
     """Feature-map module by name: one of `KERNEL_NAMES`."""
     if kernel == "focused":
         return FocusedFeatureMap(focusing_factor)

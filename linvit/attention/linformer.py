@@ -22,9 +22,10 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._checks import check_heads, to_pair
+from linvit.attention._checks import to_pair
 from linvit.attention.positional import resize_positional_table
-from linvit.ops import BACKENDS, linformer_attention_qkv
+from linvit.attention.projected import ProjectedAttention
+from linvit.ops import linformer_attention_qkv
 from linvit.ops._cells import cell_grid
 from linvit.ops.linformer import torch as eager
 from linvit.ops.windows import check_token_grid
@@ -48,7 +49,7 @@ def resize_token_projection(projection: Tensor, size: tuple[int, int], grid: tup
     return rows * (size[0] * size[1] / (grid[0] * grid[1]))
 
 
-class LinformerAttention(nn.Module):
+class LinformerAttention(ProjectedAttention):
     """Linformer attention over all tokens of an (H, W) map: learned token projections or pooling to k cells.
 
     State dict: `qkv.*`, `proj.*`, and with ``projection="learned"`` `key_projection` and `value_projection`
@@ -89,29 +90,16 @@ class LinformerAttention(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
+        super().__init__(dim, num_heads, qkv_bias, proj_drop, with_projections, backend, device, dtype)
         dd = {"device": device, "dtype": dtype}
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown backend {backend!r}; valid backends are {', '.join(BACKENDS)}.")
         if projection not in LINFORMER_PROJECTIONS:
             raise ValueError(
                 f"Unknown projection {projection!r}; valid ones are {', '.join(LINFORMER_PROJECTIONS)} (pooling to a "
                 "grid of cells, any resolution; or the paper's learned projections for one token grid)."
             )
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = check_heads(dim, num_heads)
         self.projection = projection
         self.projected_size = cell_grid(projected_size, "projected_size")
         self.attn_drop = attn_drop
-        self.backend = backend
-        if with_projections:
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-            self.proj = nn.Linear(dim, dim, **dd)
-        else:
-            self.qkv = None
-            self.proj = None
-        self.proj_drop = nn.Dropout(proj_drop)
         self.pos_size: tuple[int, int] | None = None
         if projection == "learned":
             if pos_size is None:
@@ -135,7 +123,7 @@ class LinformerAttention(nn.Module):
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
         x = check_token_grid(x, hw)
-        qkv = self.qkv(x) if self.qkv is not None else x
+        qkv = self.project_in(x)
         key_projection: Tensor | None = None
         value_projection: Tensor | None = None
         pool_grid: tuple[int, int] | None = self.projected_size
@@ -150,9 +138,7 @@ class LinformerAttention(nn.Module):
             )
         else:
             out = self._linformer(qkv, hw, key_projection, value_projection, pool_grid, dropout)
-        if self.proj is not None:
-            out = self.proj(out)
-        return self.proj_drop(out)
+        return self.project_out(out)
 
     @torch.jit.unused
     def _linformer(

@@ -15,8 +15,8 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from linvit.attention._checks import check_heads
-from linvit.ops import BACKENDS, nystrom_attention_qkv
+from linvit.attention.projected import ProjectedAttention
+from linvit.ops import nystrom_attention_qkv
 from linvit.ops._cells import cell_grid
 from linvit.ops.nystrom import torch as eager
 from linvit.ops.windows import check_token_grid
@@ -28,7 +28,7 @@ torch.fx.wrap("check_token_grid")
 torch.fx.wrap("nystrom_attention_qkv")
 
 
-class NystromAttention(nn.Module):
+class NystromAttention(ProjectedAttention):
     """Nyströmformer attention over all tokens of an (H, W) map, with landmarks on a 2-D grid of cells.
 
     State dict: `qkv.*`, `proj.*`, `conv.weight` (heads, 1, k, k) (the skip; no bias, as the paper's).
@@ -68,27 +68,14 @@ class NystromAttention(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
+        super().__init__(dim, num_heads, qkv_bias, proj_drop, with_projections, backend, device, dtype)
         dd = {"device": device, "dtype": dtype}
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown backend {backend!r}; valid backends are {', '.join(BACKENDS)}.")
         if pinv_iterations < 0:
             raise ValueError(f"pinv_iterations must be >= 0, got {pinv_iterations}; the paper uses 6.")
         if conv_kernel_size and conv_kernel_size % 2 == 0:
             raise ValueError(f"conv_kernel_size must be odd (same-size output), got {conv_kernel_size}; e.g. use 5.")
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = check_heads(dim, num_heads)
         self.landmark_grid = cell_grid(landmark_grid, "landmark_grid")
         self.pinv_iterations = int(pinv_iterations)
-        self.backend = backend
-        if with_projections:
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-            self.proj = nn.Linear(dim, dim, **dd)
-        else:
-            self.qkv = None
-            self.proj = None
-        self.proj_drop = nn.Dropout(proj_drop)
         if conv_kernel_size:
             self.conv = nn.Conv2d(
                 num_heads,
@@ -105,7 +92,7 @@ class NystromAttention(nn.Module):
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) with N == H * W (or (B, N, 3C) without projections); returns (B, N, C)."""
         x = check_token_grid(x, hw)
-        qkv = self.qkv(x) if self.qkv is not None else x
+        qkv = self.project_in(x)
         conv_weight: Tensor | None = None
         if self.conv is not None:
             conv_weight = self.conv.weight
@@ -115,9 +102,7 @@ class NystromAttention(nn.Module):
             )
         else:
             out = self._nystrom(qkv, hw, conv_weight)
-        if self.proj is not None:
-            out = self.proj(out)
-        return self.proj_drop(out)
+        return self.project_out(out)
 
     @torch.jit.unused
     def _nystrom(self, qkv: Tensor, hw: tuple[int, int], conv_weight: Tensor | None) -> Tensor:

@@ -16,7 +16,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linvit.attention._checks import check_heads, to_pair
+from linvit.attention._checks import to_pair
+from linvit.attention.projected import ProjectedAttention
 from linvit.ops.window_masks import window_attention_mask, window_bias_index, window_mask_layout
 from linvit.ops.windows import (
     check_token_grid,
@@ -75,7 +76,7 @@ def relative_position_bias(
     return table[index.reshape(-1)].view(tokens, tokens, -1).permute(2, 0, 1)
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(ProjectedAttention):
     """Swin window softmax attention with relative position bias, shifted windows and padding, for any (H, W).
 
     State dict: `qkv.*`, `proj.*`, `relative_position_bias_table` ((2wh-1)(2ww-1), heads), as Swin;
@@ -108,11 +109,8 @@ class WindowAttention(nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
+        super().__init__(dim, num_heads, qkv_bias, proj_drop, with_projections, None, device, dtype)
         dd = {"device": device, "dtype": dtype}
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = check_heads(dim, num_heads)
         self.window_size = to_pair(window_size, "window_size")
         shift = (shift_size, shift_size) if isinstance(shift_size, int) else tuple(int(s) for s in shift_size)
         if len(shift) != 2 or not all(0 <= s < w for s, w in zip(shift, self.window_size)):
@@ -122,14 +120,6 @@ class WindowAttention(nn.Module):
             )
         self.shift_size: tuple[int, int] = (shift[0], shift[1])
         self.attn_drop = attn_drop
-
-        if with_projections:
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-            self.proj = nn.Linear(dim, dim, **dd)
-        else:
-            self.qkv = nn.Identity()
-            self.proj = nn.Identity()
-        self.proj_drop = nn.Dropout(proj_drop)
         table_size = (2 * self.window_size[0] - 1) * (2 * self.window_size[1] - 1)
         self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size, num_heads, **dd))
         self.register_buffer(
@@ -157,7 +147,7 @@ class WindowAttention(nn.Module):
         window, shift = self.window_and_shift(hw)
         windows = partition_windows(x, hw, window, shift)  # (B * nW, n, C), or 3C when already projected
         tokens = window[0] * window[1]
-        qkv = self.qkv(windows).view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.project_in(windows).view(-1, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B * nW, heads, n, d)
         bias_index, mask = window_mask_layout(
             hw, window, shift, self.window_size, self.relative_position_index, self.num_heads, q.dtype
@@ -167,7 +157,7 @@ class WindowAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         # (B * nW, heads, n, d) -> (B * nW, n, C): a view for the fused kernels, whose output is token-major
         out = out.transpose(1, 2).reshape(-1, tokens, self.dim)
-        return self.proj_drop(self.proj(merge_windows(out, batch, hw, window, shift)))
+        return self.project_out(merge_windows(out, batch, hw, window, shift))
 
     @torch.jit.unused
     def _forward_symbolic(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
@@ -190,7 +180,7 @@ class WindowAttention(nn.Module):
         device = x.device
         token_index, position_index, valid, row, col = symbolic_window_layout(hw, (wh, ww), (sh, sw), device)
         windows = x.index_select(1, token_index).view(batch * windows_per_image, tokens, x.shape[-1])
-        qkv = self.qkv(windows).view(batch, windows_per_image, tokens, 3, self.num_heads, self.head_dim)
+        qkv = self.project_in(windows).view(batch, windows_per_image, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, n, d)
         # relative position bias of the (possibly clamped) window: its tokens are a top-left sub-grid of the full one
         full_w = self.window_size[1]
@@ -213,7 +203,9 @@ class WindowAttention(nn.Module):
         if self.training and self.attn_drop > 0:
             attn = F.dropout(attn, self.attn_drop)
         out = torch.matmul(attn, v)
-        out = self.proj(out.transpose(2, 3).reshape(batch * windows_per_image, tokens, self.dim))
+        out = out.transpose(2, 3).reshape(batch * windows_per_image, tokens, self.dim)
+        if self.proj is not None:
+            out = self.proj(out)
         out = out.view(batch, windows_per_image * tokens, out.shape[-1]).index_select(1, position_index)
         return self.proj_drop(out)
 

@@ -23,9 +23,9 @@ import torch
 from timm.layers import to_2tuple, trunc_normal_
 from torch import nn
 
-from linvit.ops.windows import exporting
 from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.image_input import check_image_batch
+from linvit.ops.windows import exporting
 
 __all__ = ["Backbone", "StagedBackbone", "init_linear_weights", "no_weight_decay_names"]
 

@@ -45,7 +45,6 @@ from linvit.attention import (
     shifted_block_kwargs,
     stage_attention_specs,
 )
-from linvit.attention._windows import exporting, wrap_index
 from linvit.attention.positional import resize_positional_table
 from linvit.layers import (
     LinearHeadMixin,
@@ -71,6 +70,7 @@ from linvit.models.flatten_swin_checkpoint import (
     fit_relative_position_tables,
     shrunk_window_stages,
 )
+from linvit.ops.windows import exporting, wrap_index
 
 __all__ = ["FlattenSwin", "PatchMerging", "ShiftedLinearBlock", "checkpoint_filter_fn", "roll_linear_windows"]
 

@@ -2,8 +2,10 @@
 
 One folder per operator, each with `naive.py`, `torch.py` and (where fused kernels pay) `triton.py` behind one
 keyword-only signature (the layout of flash-linear-attention): `linear_attention` (focused, ReLU, ELU+1), `nystrom`
-(Nyströmformer) and `linformer` (Linformer). Modules in :mod:`linvit.attention` hold the parameters and call these;
-choose the implementation per module (``backend=``) or for the whole process::
+(Nyströmformer) and `linformer` (Linformer). Modules in :mod:`linvit.attention` hold the parameters and call these.
+`focused_linear_attention` is the whole computation of a `FocusedLinearAttention` module (windows, qkv projection,
+key positions, the core), and `windows` / `window_masks` the one window path of every windowed attention. Choose the
+implementation per module (``backend=``) or for the whole process::
 
     import linvit.ops
 
@@ -19,12 +21,14 @@ packages' `__init__` files use only names imported from torch, never `torch.` it
 
 from linvit.ops._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
 from linvit.ops.linear_attention import FEATURE_MAPS, linear_attention_qkv
+from linvit.ops.linear_attention.attend import focused_linear_attention
 from linvit.ops.linformer import linformer_attention_qkv
 from linvit.ops.nystrom import nystrom_attention_qkv
 
 __all__ = [
     "BACKENDS",
     "FEATURE_MAPS",
+    "focused_linear_attention",
     "get_backend",
     "linear_attention_qkv",
     "linformer_attention_qkv",

@@ -212,13 +212,18 @@ def test_inference_path_equals_autograd_path(kwargs):
 
 
 def test_temperature_is_folded_into_the_projection_only_in_full_precision():
-    from linvit.attention.focused import _can_fold_temperature
+    from linvit.ops.linear_attention.attend import _folds_temperature
 
-    weight = torch.randn(48, 16)
-    assert _can_fold_temperature(torch.randn(2, 16), weight)
-    assert not _can_fold_temperature(torch.randn(2, 16, dtype=torch.float64), weight)  # mixed dtypes: no
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not _can_fold_temperature(torch.randn(2, 16), weight)  # the GEMM would run in bf16
+    weight, inverse, x = torch.randn(48, 16), torch.rand(16) + 0.5, torch.randn(2, 16)
+    assert not _folds_temperature(x, weight, inverse, None, "torch")  # autograd on: the map runs out of place
+    with torch.no_grad():
+        assert _folds_temperature(x, weight, inverse, None, "torch")
+        assert not _folds_temperature(x.double(), weight, inverse, None, "torch")  # mixed dtypes: no
+        assert not _folds_temperature(x, weight, None, None, "torch")  # no temperature (not the focused map)
+        assert not _folds_temperature(x, weight, inverse, torch.randn(16, 1, 3, 3), "torch")  # conv reads raw keys
+        assert not _folds_temperature(x, weight, inverse, None, "naive")  # only the eager backend maps in place
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not _folds_temperature(x, weight, inverse, None, "torch")  # the GEMM would run in bf16
 
 
 def test_focused_without_projections_equals_the_module_with_them():
