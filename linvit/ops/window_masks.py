@@ -30,13 +30,25 @@ def window_bias_index(index: Tensor, full_window: tuple[int, int], window: tuple
     return index.contiguous()
 
 
-def _shifted_window_mask(
+@torch.fx.wrap
+def shifted_window_mask(
     hw: tuple[int, int],
     padded_hw: tuple[int, int],
     window: tuple[int, int],
     shift: tuple[int, int],
     device: torch.device,
+    cached: bool = True,
 ) -> Tensor | None:
+    """(num_windows, 1, n, n) additive mask (0 / -inf) for the rolled, padded map; None when nothing is masked.
+
+    With a shift, tokens attend only to tokens of their own region of the rolled map (Swin's mask). With padding, real
+    tokens do not attend to padded ones; padded queries may still see padded keys, so no softmax row is ever fully
+    masked (their outputs are dropped). Eager calls share one cached tensor per size (`size_cached`; ``cached=False``
+    builds a new one).
+    """
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+        if cached:
+            return size_cached(shifted_window_mask, hw, padded_hw, window, shift, device, False)
     padded = padded_hw[0] != hw[0] or padded_hw[1] != hw[1]
     if shift[0] == 0 and shift[1] == 0 and not padded:
         return None
@@ -58,26 +70,7 @@ def _shifted_window_mask(
 
 
 @torch.fx.wrap
-def shifted_window_mask(
-    hw: tuple[int, int],
-    padded_hw: tuple[int, int],
-    window: tuple[int, int],
-    shift: tuple[int, int],
-    device: torch.device,
-) -> Tensor | None:
-    """(num_windows, 1, n, n) additive mask (0 / -inf) for the rolled, padded map; None when nothing is masked.
-
-    With a shift, tokens attend only to tokens of their own region of the rolled map (Swin's mask). With padding, real
-    tokens do not attend to padded ones; padded queries may still see padded keys, so no softmax row is ever fully
-    masked (their outputs are dropped).
-    """
-    if torch.jit.is_scripting():
-        return _shifted_window_mask(hw, padded_hw, window, shift, device)
-    else:
-        return size_cached(_shifted_window_mask, hw, padded_hw, window, shift, device)
-
-
-def _window_mask_layout(
+def window_mask_layout(
     hw: tuple[int, int],
     window: tuple[int, int],
     shift: tuple[int, int],
@@ -85,7 +78,18 @@ def _window_mask_layout(
     relative_index: Tensor,
     num_heads: int,
     dtype: torch.dtype,
+    cached: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
+    """What the attention mask of a window size needs besides the bias table: the (heads, n, n_pad) index into the
+    flattened table (`window_bias_index`, rows padded to a multiple of 8 columns) and the shift/padding mask
+    (num_windows, 1, n, n_pad) in `dtype` (None when nothing is masked). `relative_index` is the module's buffer for
+    `full_window` (so only its device keys the cache).
+    """
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+        if cached:
+            return size_cached(
+                window_mask_layout, hw, window, shift, full_window, relative_index, num_heads, dtype, False
+            )
     tokens = window[0] * window[1]
     columns = aligned_length(tokens)
     bias_index = window_bias_index(relative_index, full_window, window, columns)  # (n, n_pad) rows of the table
@@ -96,27 +100,6 @@ def _window_mask_layout(
     if mask is not None:
         mask = F.pad(mask, (0, columns - tokens)).to(dtype)
     return bias_index, mask
-
-
-@torch.fx.wrap
-def window_mask_layout(
-    hw: tuple[int, int],
-    window: tuple[int, int],
-    shift: tuple[int, int],
-    full_window: tuple[int, int],
-    relative_index: Tensor,
-    num_heads: int,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor | None]:
-    """What the attention mask of a window size needs besides the bias table: the (heads, n, n_pad) index into the
-    flattened table (`window_bias_index`, rows padded to a multiple of 8 columns) and the shift/padding mask
-    (num_windows, 1, n, n_pad) in `dtype` (None when nothing is masked). `relative_index` is the module's buffer for
-    `full_window` (so only its device keys the cache).
-    """
-    if torch.jit.is_scripting():
-        return _window_mask_layout(hw, window, shift, full_window, relative_index, num_heads, dtype)
-    else:
-        return size_cached(_window_mask_layout, hw, window, shift, full_window, relative_index, num_heads, dtype)
 
 
 @torch.fx.wrap

@@ -233,7 +233,8 @@ def size_cached(build: Callable[..., Any], *arguments: Any) -> Any:
     Built outside inference mode: tensors first made under `torch.inference_mode()` could not be saved for backward
     by later training calls (index_select saves its index). Built afresh under torch.compile (a constant of the sizes
     there anyway), on the meta device and under fake tensors (a fake index would turn later real outputs fake).
-    TorchScript cannot call it: callers build directly under `torch.jit.is_scripting()`.
+    TorchScript cannot call it: callers build directly under `torch.jit.is_scripting()`, and pass themselves as
+    `build` with a last argument that tells them to build.
     """
     if torch.compiler.is_compiling() or _on_meta(arguments) or _fake_mode_active():
         return build(*arguments)
@@ -251,38 +252,27 @@ def _plain_partition(hw: tuple[int, int], window: tuple[int, int], shift: tuple[
     return shift[0] == 0 and shift[1] == 0 and hw[0] % window[0] == 0 and hw[1] % window[1] == 0
 
 
-def _window_layout(
-    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+@torch.fx.wrap
+def window_layout(
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device, cached: bool = True
 ) -> tuple[Tensor, Tensor]:
+    """(`window_token_index`, `window_position_index`): the gathers into and out of the windows of an (H, W) map.
+    Eager calls share one cached pair per size (`size_cached`; ``cached=False`` builds a new one)."""
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+        if cached:
+            return size_cached(window_layout, hw, window, shift, device, False)
     return window_token_index(hw, window, shift, device), window_position_index(hw, window, shift, device)
 
 
 @torch.fx.wrap
-def window_layout(
-    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """(`window_token_index`, `window_position_index`): the gathers into and out of the windows of an (H, W) map."""
-    if torch.jit.is_scripting():
-        return _window_layout(hw, window, shift, device)
-    else:
-        return size_cached(_window_layout, hw, window, shift, device)
-
-
-@torch.fx.wrap
 def window_key_mask(
-    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device, cached: bool = True
 ) -> Tensor | None:
     """(num_windows, wh * ww) bool: True where a window position holds a real token, False on padding; None when
-    nothing is padded. Linear attention masks the padded keys out of its sums with it."""
-    if torch.jit.is_scripting():
-        return _window_key_mask(hw, window, shift, device)
-    else:
-        return size_cached(_window_key_mask, hw, window, shift, device)
-
-
-def _window_key_mask(
-    hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
-) -> Tensor | None:
+    nothing is padded. Linear attention masks the padded keys out of its sums with it. Cached like `window_layout`."""
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+        if cached:
+            return size_cached(window_key_mask, hw, window, shift, device, False)
     padded_hw = padded_grid_size(hw, window)
     if padded_hw[0] == hw[0] and padded_hw[1] == hw[1]:
         return None

@@ -101,7 +101,7 @@ def test_window_attention_float32():
 def test_window_attention_gradients_and_cached_masks_follow_the_table():
     """Shifted, padded windows in training: gradients reach the bias table (and x) as in the reference; the cached
     size-derived masks do not freeze the bias, which changes with the table."""
-    from linvit.ops.window_masks import _shifted_window_mask, shifted_window_mask
+    from linvit.ops.window_masks import shifted_window_mask
 
     module = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2, dtype=torch.float64)).train()
     hw = (9, 7)
@@ -119,7 +119,7 @@ def test_window_attention_gradients_and_cached_masks_follow_the_table():
         torch.testing.assert_close(module(x, hw), reference_window_attention(module, x, hw), rtol=1e-10, atol=1e-10)
     cached = shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device)
     assert cached is shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device)
-    torch.testing.assert_close(cached, _shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device))
+    torch.testing.assert_close(cached, shifted_window_mask(hw, (12, 8), (4, 4), (2, 2), x.device, cached=False))
     assert shifted_window_mask((8, 8), (8, 8), (4, 4), (0, 0), x.device) is None
 
 
