@@ -7,38 +7,16 @@ any of them by a name from `ATTENTION_NAMES`; `ATTENTIONS` holds each name's tra
 
 from timm.layers import register_notrace_module
 
-from linvit.attention.feature_maps import (
-    KERNEL_NAMES,
-    ELUFeatureMap,
-    FavorFeatureMap,
-    FocusedFeatureMap,
-    ReLUFeatureMap,
-    TaylorFeatureMap,
-    create_feature_map,
-    elu_feature_map,
-    favor_feature_map,
-    focused_feature_map,
-    orthogonal_random_projection,
-    relu_feature_map,
-    taylor_feature_map,
-)
+from linvit.attention import feature_maps, registry
+from linvit.attention.feature_maps import *  # noqa: F403 (the feature maps' names are this package's)
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.hybrid import GLOBAL_BRANCHES, HybridAttention
 from linvit.attention.linear import linear_attention, linear_attention_tokens
 from linvit.attention.linformer import LINFORMER_PROJECTIONS, LinformerAttention, resize_token_projection
 from linvit.attention.nystrom import NystromAttention
 from linvit.attention.positional import resize_positional_table, resize_relative_position_bias, square_grid
-from linvit.attention.registry import (
-    ATTENTION_NAMES,
-    ATTENTIONS,
-    AttentionKind,
-    attention_kind,
-    attention_options,
-    create_attention,
-    parse_attention_spec,
-    shifted_block_kwargs,
-    stage_attention_specs,
-)
+from linvit.attention.projected import ProjectedAttention
+from linvit.attention.registry import *  # noqa: F403 (the registry's names are this package's: registry.__all__)
 from linvit.attention.softmax import GlobalAttention
 from linvit.attention.stripe import (
     FocusedLinearLePEAttention,
@@ -68,34 +46,15 @@ for _module in (
 del _module
 
 __all__ = [
-    "ATTENTIONS",
-    "ATTENTION_NAMES",
+    *registry.__all__,
+    *feature_maps.__all__,
     "GLOBAL_BRANCHES",
-    "KERNEL_NAMES",
     "LINFORMER_PROJECTIONS",
-    "AttentionKind",
-    "attention_kind",
-    "attention_options",
-    "create_attention",
-    "parse_attention_spec",
-    "shifted_block_kwargs",
-    "stage_attention_specs",
     "linear_attention",
     "linear_attention_tokens",
-    "relu_feature_map",
-    "elu_feature_map",
-    "focused_feature_map",
-    "taylor_feature_map",
-    "favor_feature_map",
-    "orthogonal_random_projection",
-    "create_feature_map",
-    "ReLUFeatureMap",
-    "ELUFeatureMap",
-    "FocusedFeatureMap",
-    "TaylorFeatureMap",
-    "FavorFeatureMap",
     "FocusedLinearAttention",
     "FocusedLinearLePEAttention",
+    "ProjectedAttention",
     "LePEAttention",
     "StripeAttention",
     "StripeBranches",

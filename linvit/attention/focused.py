@@ -39,12 +39,9 @@ class FocusedLinearAttention(ProjectedAttention):
     `positional_encoding` (1, pos_h*pos_w, C), `dwc.weight` (d, 1, k, k), `dwc.bias` (d,), d = C // num_heads.
 
     Args:
-        dim: channels C.
-        num_heads: heads h (C must be divisible by h).
-        qkv_bias: bias in the qkv projection.
+        dim, num_heads, qkv_bias, proj_drop, with_projections: see `ProjectedAttention`.
         attn_drop: accepted for interface parity with softmax attention; linear attention has no attention matrix
             to drop from, so it is unused (as in the authors' code).
-        proj_drop: dropout after the output projection.
         kernel: feature map φ: "focused" (FLatten: ReLU, learnable temperature softplus(scale), focusing power p),
             "relu", "elu" (elu+1), "favor" (FAVOR+ positive random features; buffer `feature_map.projection`,
             redraw with `redraw_features()`), "taylor" (second-order Taylor features, 1 + d + d² wide).
@@ -62,8 +59,6 @@ class FocusedLinearAttention(ProjectedAttention):
             (and read as zeros by the DWC), so padding takes no part.
         num_random_features: FAVOR+ feature count m (default d·ln d).
         eps: added to the normaliser q·mean(k) (the authors' 1e-6).
-        with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
-            the (B, N, C) output before projection (for HybridAttention, which shares one qkv between branches).
         num_prefix_tokens: leading tokens (class tokens) before the H×W grid: they attend and are attended to, but
             have no position (no positional encoding, no DWC); global attention only. forward then takes
             N = num_prefix_tokens + H·W tokens.

@@ -90,28 +90,22 @@ class HybridAttention(nn.Module):
             dim, num_heads, window_size, shift_size, attn_drop=attn_drop, with_projections=False, **dd
         )
         self.global_branch = global_branch
-        if global_branch == "nystrom":
-            self.global_attn = NystromAttention(
-                dim, num_heads, with_projections=False, backend=backend, **(global_options or {}), **dd
+        if global_branch == "linear":
+            branch, options = (
+                FocusedLinearAttention,
+                {
+                    "kernel": linear_kernel,
+                    "focusing_factor": focusing_factor,
+                    "dwc_kernel_size": dwc_kernel_size,
+                    "pos_encoding": pos_encoding,
+                    "pos_size": pos_size,
+                },
             )
         elif global_branch == "linformer":
-            options = {"pos_size": pos_size, **(global_options or {})}
-            self.global_attn = LinformerAttention(
-                dim, num_heads, with_projections=False, backend=backend, **options, **dd
-            )
+            branch, options = LinformerAttention, {"pos_size": pos_size, **(global_options or {})}
         else:
-            self.global_attn = FocusedLinearAttention(
-                dim,
-                num_heads,
-                kernel=linear_kernel,
-                focusing_factor=focusing_factor,
-                dwc_kernel_size=dwc_kernel_size,
-                pos_encoding=pos_encoding,
-                pos_size=pos_size,
-                with_projections=False,
-                backend=backend,
-                **dd,
-            )
+            branch, options = NystromAttention, dict(global_options or {})
+        self.global_attn = branch(dim, num_heads, with_projections=False, backend=backend, **options, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 

@@ -56,11 +56,8 @@ class LinformerAttention(ProjectedAttention):
     (k, pos_h·pos_w), the paper's E and F.
 
     Args:
-        dim: channels C.
-        num_heads: heads h (C must be divisible by h).
-        qkv_bias: bias in the qkv projection.
+        dim, num_heads, qkv_bias, proj_drop, with_projections: see `ProjectedAttention`.
         attn_drop: dropout on the attention probabilities (training only).
-        proj_drop: dropout after the output projection.
         projection: "pool" (resolution-free: means over a grid of cells) or "learned" (the paper's E, F for the
             ``pos_size`` grid, resized for others).
         projected_size: k, the number of projected tokens, as a (kh, kw) grid or s for s×s (default 16×16 = 256,
@@ -68,8 +65,6 @@ class LinformerAttention(ProjectedAttention):
             rows.
         pos_size: (h, w) token grid the learned projections are for (the stage's grid at the training resolution);
             required for "learned", unused by "pool".
-        with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
-            the (B, N, C) output before projection (HybridAttention's global branch).
         backend: "auto", "torch", "triton" (both run the eager path: there is no fused kernel of its own) or
             "naive" (the slow reference).
     """

@@ -34,20 +34,15 @@ class NystromAttention(ProjectedAttention):
     State dict: `qkv.*`, `proj.*`, `conv.weight` (heads, 1, k, k) (the skip; no bias, as the paper's).
 
     Args:
-        dim: channels C.
-        num_heads: heads h (C must be divisible by h).
-        qkv_bias: bias in the qkv projection.
+        dim, num_heads, qkv_bias, proj_drop, with_projections: see `ProjectedAttention`.
         attn_drop: accepted for interface parity; unused (the approximation has no attention matrix to drop from,
             as in the authors' code).
-        proj_drop: dropout after the output projection.
         landmark_grid: (mh, mw) cells, or s for s×s: m = mh·mw landmarks (default 8×8 = 64, the paper's m), the
             means of q and k over the cells (adaptive-pooling cells, so any H×W); clamped to the map per dimension.
         pinv_iterations: steps of the iterative Moore–Penrose pseudo-inverse (the paper's 6).
         conv_kernel_size: k of the depthwise skip conv of the values, one k×k kernel per head shared by its
             channels (the paper's skip is 33×1 along a sequence; 5×5 spans a similar number of image tokens); 0 or
             None for none.
-        with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
-            the (B, N, C) output before projection (HybridAttention's global branch).
         backend: "auto", "torch", "triton" (both run the eager path: there is no fused kernel of its own) or
             "naive" (the slow reference).
     """

@@ -16,6 +16,14 @@ class ProjectedAttention(nn.Module):
     given) for the modules whose core runs through `linvit.ops`. With ``with_projections=False`` the module holds
     neither projection: forward then takes the concatenated (B, N, 3C) q|k|v of a caller that shares one projection
     between branches (`HybridAttention`) and returns the mixture before the output projection.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h (C must be divisible by h).
+        qkv_bias: bias in the qkv projection.
+        proj_drop: dropout after the output projection.
+        with_projections: False drops `qkv` and `proj` (see above).
+        backend: "auto", "torch", "triton" or "naive" (`linvit.ops`), for the modules whose core runs there.
     """
 
     def __init__(

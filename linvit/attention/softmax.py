@@ -17,11 +17,8 @@ class GlobalAttention(ProjectedAttention):
     kernels where the device has them). O(N²): meant for low-resolution stages. State dict: `qkv.*`, `proj.*`.
 
     Args:
-        dim: channels C.
-        num_heads: heads (C must be divisible by it).
-        qkv_bias: bias in the qkv projection.
+        dim, num_heads, qkv_bias, proj_drop: see `ProjectedAttention`.
         attn_drop: dropout on the attention probabilities (training only).
-        proj_drop: dropout after the output projection.
     """
 
     def __init__(

@@ -83,16 +83,11 @@ class WindowAttention(ProjectedAttention):
     `relative_position_index` is a non-persistent buffer.
 
     Args:
-        dim: channels C.
-        num_heads: heads (C must be divisible by it).
+        dim, num_heads, qkv_bias, proj_drop, with_projections: see `ProjectedAttention`.
         window_size: int or (h, w). Clamped to the map per dimension when the map is not larger (then that
             dimension is not shifted either), like Swin.
         shift_size: int or (h, w) cyclic shift, 0 <= shift < window (Swin uses window // 2 in every other block).
-        qkv_bias: bias in the qkv projection.
         attn_drop: dropout on the attention probabilities (training only).
-        proj_drop: dropout after the output projection.
-        with_projections: False drops `qkv`/`proj`: forward then takes the concatenated (B, N, 3C) q|k|v and returns
-            the output before projection (for HybridAttention).
     """
 
     def __init__(
