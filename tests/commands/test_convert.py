@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -151,28 +152,33 @@ def test_convert_with_the_wrong_model_names_the_one_that_fits(tmp_path, capsys):
     assert len(err) < 1500
 
 
-def test_convert_keeps_the_training_size_with_img_size(tmp_path, yacs_module, capsys):
-    """A checkpoint trained at 448 keeps its tables with --img-size 448 (recorded in the weights' metadata and the
-    load line); without it, convert says that it resized them to the default size."""
+def test_convert_keeps_the_training_size_and_resizes_only_when_asked(tmp_path, yacs_module, capsys):
+    """A checkpoint trained at 448 keeps its tables: the size is inferred from them (recorded in the weights'
+    metadata and the load line), or given with --img-size; --img-size 224 asks for a resize, which stderr reports."""
     from safetensors import safe_open
 
     name = "flatten_swin_tiny_patch4_224"
     state = _random_state(name, img_size=448)
-    src, dst = tmp_path / "swin448.pth", tmp_path / "swin448.safetensors"
+    src = tmp_path / "swin448.pth"
     _authors_file(src, _to_authors_swin_layout(state))
-    assert main(["convert", str(src), str(dst), "--model", name, "--img-size", "448"]) == 0
+    for extra in ([], ["--img-size", "448"]):
+        dst = tmp_path / f"swin448{len(extra)}.safetensors"
+        assert main(["convert", str(src), str(dst), "--model", name, *extra]) == 0
+        captured = capsys.readouterr()
+        assert f"timm.create_model('{name}', pretrained=True, img_size=448, pretrained_cfg_overlay" in captured.out
+        assert ("inferred from the weights' shapes: img_size=448" in captured.out) == (not extra), captured.out
+        assert "resized" not in captured.err
+        with safe_open(str(dst), framework="pt") as handle:
+            assert json.loads(handle.metadata()["model_args"]) == {"img_size": 448}
+        model = timm.create_model(name, pretrained=True, img_size=448, pretrained_cfg_overlay={"file": str(dst)})
+        for key, value in model.state_dict().items():
+            if key in state:
+                torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+    dst = tmp_path / "swin224.safetensors"
+    assert main(["convert", str(src), str(dst), "--model", name, "--img-size", "224"]) == 0
     captured = capsys.readouterr()
-    assert f"timm.create_model('{name}', pretrained=True, img_size=448, pretrained_cfg_overlay" in captured.out
-    assert "resized" not in captured.err
-    with safe_open(str(dst), framework="pt") as handle:
-        assert '"img_size": 448' in handle.metadata()["model_args"]
-    model = timm.create_model(name, pretrained=True, img_size=448, pretrained_cfg_overlay={"file": str(dst)})
-    for key, value in model.state_dict().items():
-        if key in state:
-            torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
-    assert main(["convert", str(src), str(tmp_path / "swin224.safetensors"), "--model", name]) == 0
-    err = capsys.readouterr().err
-    assert "resized" in err and "--img-size" in err
+    assert "resized 2 positional" in captured.err and "--img-size" in captured.err, captured.err
+    assert "img_size=224" in captured.out
 
 
 @pytest.mark.parametrize(
