@@ -116,7 +116,8 @@ _MAX_SIZE_CANDIDATES = 8
 
 
 def _is_table(key: str, names: tuple[str, ...] = _TABLE_NAMES) -> bool:
-    return key.rsplit(".", 1)[-1] in names
+    """Whether ``key`` names a table, in linvit's or the authors' layout (their PVT's ``pos_embed1`` ...)."""
+    return re.sub(r"\d+$", "", key.rsplit(".", 1)[-1]) in names
 
 
 def _resized_tables(state_dict: dict[str, Any], filtered: dict[str, Any]) -> int:
@@ -124,7 +125,7 @@ def _resized_tables(state_dict: dict[str, Any], filtered: dict[str, Any]) -> int
 
     Only tables count: a filter that fuses ``q``/``kv`` into ``qkv`` or splits a LePE convolution changes shapes
     without resizing anything."""
-    source = {tuple(v.shape) for k, v in state_dict.items() if _is_table(k) and hasattr(v, "shape")}
+    source = {tuple(v.shape) for v in state_dict.values() if hasattr(v, "shape")}
     return sum(1 for k, v in filtered.items() if _is_table(k) and tuple(v.shape) not in source)
 
 
@@ -394,6 +395,13 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], Conversion]
             mapped = filter_fn(dict(state_dict), representative) if filter_fn is not None else state_dict
         except Exception:  # a filter of another family may fail on foreign keys, or on another stage structure
             mapped = None
+        options = _reduction_options(representative, state_dict)
+        if mapped is None and options and filter_fn is not None:  # built with the weights' reductions
+            try:
+                reduced = timm.create_model(members[0], pretrained=False, device="meta", **options)
+                mapped = filter_fn(dict(state_dict), reduced)
+            except Exception:
+                mapped = None
         if mapped is not None:
             ours, theirs = _key_structure(representative.state_dict()), _key_structure(mapped)
             if len(ours & theirs) < 0.5 * len(ours | theirs):

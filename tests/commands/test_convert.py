@@ -205,3 +205,135 @@ def test_convert_checkpoints_built_with_options(tmp_path, yacs_module, capsys, n
     assert "--model NAME" in capsys.readouterr().err
     assert main(["convert", str(src), str(tmp_path / "y.safetensors"), "--model", name, "--model-kwargs", "{"]) == 1
     assert "not JSON" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# round trips against the authors' models: convert, reload with the printed load line, compare
+# ----------------------------------------------------------------------------------------------------------------
+def _round_trip(tmp_path, capsys, reference, img_size, flags=()):
+    """Save ``reference``'s weights (the authors' layout) as their training file, convert it with ``flags``, reload
+    the result with the load line convert printed, and the ``.pth`` directly with the recorded creation arguments;
+    both give the authors' model's outputs (float64, 1e-6). Returns the recorded arguments and the printed text."""
+    from safetensors import safe_open
+
+    src, dst = tmp_path / "authors.pth", tmp_path / "converted.safetensors"
+    _authors_file(src, reference.state_dict())
+    assert main(["convert", str(src), str(dst), *flags]) == 0
+    captured = capsys.readouterr()
+    assert "resized" not in captured.err, captured.err
+    load_line = next(line for line in captured.out.splitlines() if line.startswith("load it with: "))
+    converted = eval(load_line.removeprefix("load it with: "), {"timm": timm}).eval()  # the line as printed
+    with safe_open(str(dst), framework="pt") as handle:
+        metadata = handle.metadata()
+    model_args = json.loads(metadata.get("model_args", "{}"))
+    overlay = {"file": str(src)}
+    direct = timm.create_model(metadata["model"], pretrained=True, pretrained_cfg_overlay=overlay, **model_args).eval()
+    x = torch.randn(1, 3, img_size, img_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference.double()(x)
+        from_file, from_pth = converted.double()(x), direct.double()(x)
+    assert expected.abs().max() > 0.1
+    assert (from_file - from_pth).abs().max() <= 1e-6
+    assert (from_file - expected).abs().max() <= 1e-6
+    return metadata["model"], model_args, captured.out
+
+
+def _seeded(module):
+    from _flatten_testing import randomize
+
+    return randomize(module).eval()
+
+
+B0 = {"embed_dims": (32, 64, 160, 256), "depths": (2, 2, 2, 2), "num_heads": (1, 2, 5, 8), "mlp_ratios": (8, 8, 4, 4)}
+PVT_T = {
+    "embed_dims": (64, 128, 320, 512),
+    "depths": (2, 2, 2, 2),
+    "num_heads": (1, 2, 5, 8),
+    "mlp_ratios": (8, 8, 4, 4),
+}
+
+
+@pytest.mark.parametrize(
+    "name, options, img_size, expected",
+    [
+        ("flatten_pvt_v2_b0", {}, 256, {"img_size": 256}),
+        # the authors' pooled form needs their ratios: its tables are the 7x7 grid of a 224 map reduced 8421
+        ("flatten_pvt_v2_b0", {"linear": True, "la_sr_ratios": "8421"}, 224, {"linear": True}),
+        ("flatten_pvt_v2_b0", {"la_sr_ratios": "8421"}, 320, {"la_sr_ratios": "8421", "img_size": 320}),
+        ("flatten_pvt_tiny", {"la_sr_ratios": "8421"}, 256, {"la_sr_ratios": "8421", "img_size": 256}),
+    ],
+)
+@pytest.mark.parametrize("with_model", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_pvt_sizes_and_options_are_inferred(
+    tmp_path, yacs_module, capsys, name, options, img_size, expected, with_model
+):
+    """The authors' PVTv2-B0 at 256, with linear=True, with la_sr_ratios='8421' at 320, and PVT-T with '8421' at
+    256: convert reads the size and the option from the weights (with --model, and finding the model without it),
+    and the converted file gives the authors' outputs."""
+    from _authors_pvt import AuthorsPvt, AuthorsPvtV2
+
+    if name == "flatten_pvt_tiny":
+        reference = AuthorsPvt(img_size, **PVT_T, **options)
+    else:
+        reference = AuthorsPvtV2(img_size, **B0, **options)
+    flags = ["--model", name] if with_model else []
+    found, model_args, out = _round_trip(tmp_path, capsys, _seeded(reference), img_size, flags)
+    assert found == name and model_args == expected
+    assert f"inferred from the weights' shapes: {', '.join(f'{k}={v!r}' for k, v in expected.items())}" in out
+
+
+SWIN_SMALL = {"embed_dim": 16, "depths": [2, 2, 2, 2], "num_heads": [2, 2, 4, 4], "linear_window_size": 32}
+
+
+def test_swin_training_size_is_inferred_with_model_kwargs(tmp_path, yacs_module, capsys):
+    """A small FLatten-Swin (linear window 32, window 4) trained at 256: stage 2's table is its 32x32 map (28x28 at
+    the default 224). The architecture comes from --model-kwargs, the size from the tables."""
+    from _authors_swin import RefFLattenSwin
+
+    reference = RefFLattenSwin(256, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10)
+    kwargs = json.dumps({**SWIN_SMALL, "window_size": 4})
+    flags = ["--model", "flatten_swin_tiny_patch4_224", "--model-kwargs", kwargs]
+    _, model_args, out = _round_trip(tmp_path, capsys, _seeded(reference), 256, flags)
+    assert model_args == {**SWIN_SMALL, "window_size": 4, "img_size": 256, "num_classes": 10}
+    assert "inferred from the weights' shapes: img_size=256, num_classes=10" in out
+
+
+CSWIN_SMALL = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [2, 2, 4, 8], "split_size": [1, 2, 2, 2]}
+
+
+@pytest.mark.parametrize(
+    "given, inferred",
+    [({"img_size": 64}, {"la_split_size": "8-4-2-1"}), ({"la_split_size": "8-4-2-1"}, {"img_size": 64})],
+)
+def test_cswin_stripes_or_size_are_inferred(tmp_path, yacs_module, capsys, given, inferred):
+    """A small FLatten-CSwin with the authors' stripes 8-4 (two branches in both linear stages at 64, their 56-28 at
+    448): given the size, convert finds the stripe widths; given the stripes, the size."""
+    from _authors_cswin import AuthorsCSWin
+
+    reference = AuthorsCSWin(64, num_classes=10, la_split_size=(8, 4, 2, 1), **CSWIN_SMALL)
+    flags = ["--model", "flatten_cswin_tiny_224", "--model-kwargs", json.dumps({**CSWIN_SMALL, **given})]
+    _, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 64, flags)
+    assert model_args == {**CSWIN_SMALL, **given, **inferred, "num_classes": 10}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stripes", [None, (56, 28, 14, 7)])
+def test_published_cswin_tiny_at_448_round_trips_without_model(tmp_path, yacs_module, capsys, stripes):
+    """FLatten-CSwin-T trained at 448, with the authors' stripes 56-28-14-7 (two branches in stages 1-2) or with
+    stripes that are the maps (one branch): convert finds the model, the size and the stripes."""
+    from _authors_cswin import AuthorsCSWin
+
+    config = {"embed_dim": 64, "depths": (2, 4, 18, 1), "num_heads": (2, 4, 8, 16), "split_size": (1, 2, 7, 7)}
+    reference = AuthorsCSWin(448, **config, la_split_size=stripes)
+    name, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 448)
+    expected = {"img_size": 448, **({"la_split_size": "56-28-14-7"} if stripes else {})}
+    assert name == "flatten_cswin_tiny_224" and model_args == expected
+
+
+@pytest.mark.slow
+def test_published_swin_tiny_at_448_round_trips_without_model(tmp_path, yacs_module, capsys):
+    from _authors_swin import RefFLattenSwin
+
+    reference = RefFLattenSwin(448, 96, (2, 2, 6, 2), (3, 6, 12, 24), linear_window=56, window=7, num_classes=1000)
+    name, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 448)
+    assert name == "flatten_swin_tiny_patch4_224" and model_args == {"img_size": 448}
