@@ -307,11 +307,12 @@ def infer_creation(
         raise  # widths, depths or blocks differ: no size or option changes that
     except ValueError as error:  # a filter's structure error (stripe branches at this size): try other sizes
         failure = error
-    if "img_size" in given or (fallback is not None and fallback[1] == 0):
+    sized = getattr(default, "img_size", None)  # models without one take any size with the same tables
+    if "img_size" in given or sized is None or (fallback is not None and fallback[1] == 0):
         if fallback is None:
             raise failure  # type: ignore[misc]
         return fallback
-    size = default.img_size[0] if isinstance(default.img_size, (tuple, list)) else int(default.img_size)
+    size = int(sized[0]) if isinstance(sized, (tuple, list)) else int(sized)
     for candidate in _size_candidates(size, _table_tokens(state_dict), _table_tokens(default.state_dict())):
         args = {**base, "img_size": candidate}
         try:
