@@ -53,15 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="SIZE",
-        help="the input size the checkpoint was trained at (H or H W): the model is built at that size and its tables "
-        "are kept as they are; without it, tables of another size are resized to the model's default size (said so)",
+        help="the input size to build the model at (H or H W). Without it, the checkpoint's training size is inferred "
+        "from its tables and kept; another size resizes the tables to it (said so)",
     )
     parser.add_argument(
         "--model-kwargs",
         default=None,
         metavar="JSON",
         help="creation arguments of the model the checkpoint was built with, as JSON, e.g. "
-        """'{"la_sr_ratios": "8421"}' (recorded with the weights and in the printed load line)""",
+        """'{"depths": [2, 2, 2, 2]}'; options the weights' shapes fix (la_sr_ratios, linear, la_split_size) are """
+        "inferred unless given here; all are recorded with the weights and in the printed load line",
     )
     parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
 
