@@ -20,16 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linvit.ops.linear_attention.triton_tiles import (
-    _channels,
-    _feature_grad,
-    _features,
-    _load_keys,
-    _load_tile,
-    _neighbour_rows,
-    _reduced_state,
-    _store_state,
-)
+from linvit.ops.linear_attention import triton_tiles as tiles
 
 
 @triton.jit
@@ -42,64 +33,37 @@ def _store_row(row_ptr, values, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.cons
 
 @triton.jit
 def query_grad_kernel(
-    qkv_ptr,
-    inv_ptr,
-    s_ptr,
-    z_ptr,
-    count_ptr,
-    do_ptr,
-    dqkv_ptr,
-    ds_ptr,
-    dz_ptr,
-    grads_ptr,
-    N,
-    stride_b,
-    stride_n,
-    do_stride_b,
-    do_stride_n,
-    dqkv_stride_b,
-    dqkv_stride_n,
-    chunk,
-    eps,
-    feature_eps,
+    qkv_ptr, inv_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, chunk, eps, feature_eps,
     N_BUCKET,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    HALF_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
-    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
-    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
-    s, z = _reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
+    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
     s_t = tl.permute(s, (0, 2, 1))
     acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_dz = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         ok = (rows < stop)[None, :, None] & channel_ok
-        x = _load_tile(q_base, rows, ok, stride_n, channels)
-        g = _load_tile(do_base, rows, ok, do_stride_n, channels)
-        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
+        x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
+        g = tiles.load_tile(do_base, rows, ok, do_stride_n, channels)
+        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # (a z-column product, as in the forward, holds 32 more
         dnum = g / den[:, :, None]  # registers per thread and spills here)
         dden = -tl.sum(dnum * num, axis=2) / den
         dphi = tl.dot(dnum, s_t, input_precision=DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
-        _, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
+        _, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dq_base + rows[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
         if HALF_DOT:
             acc_ds = tl.dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds)
@@ -108,53 +72,19 @@ def query_grad_kernel(
         acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
         acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    _store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, H, D, H_PAD, D_PAD)
+    tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, H, D, H_PAD, D_PAD)
     _store_row(grads_ptr + slot * (H * D), acc_dinv, H, D, H_PAD, D_PAD)
 
 
 @triton.jit
 def key_value_grad_kernel(
-    qkv_ptr,
-    pos_ptr,
-    inv_ptr,
-    mask_ptr,
-    ds_ptr,
-    dz_ptr,
-    count_ptr,
-    w_ptr,
-    do_ptr,
-    dqkv_ptr,
-    grads_ptr,
-    N,
-    stride_b,
-    stride_n,
-    do_stride_b,
-    do_stride_n,
-    dqkv_stride_b,
-    dqkv_stride_n,
-    pos_stride_b,
-    mask_stride_b,
-    prefix,
-    chunk,
-    grads_width,
-    grid_h,
-    grid_w,
-    feature_eps,
-    N_BUCKET,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    K: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr,
-    HALF_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, ds_ptr, dz_ptr, count_ptr, w_ptr, do_ptr, dqkv_ptr, grads_ptr,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, mask_stride_b,
+    prefix, chunk, grads_width, grid_h, grid_w, feature_eps, N_BUCKET,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients.
 
@@ -170,27 +100,23 @@ def key_value_grad_kernel(
     dv_base = dk_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
-    gs, gz = _reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
     gs_t = tl.permute(gs, (0, 2, 1))
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
     acc_b = tl.zeros([H_PAD, D_PAD], tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < stop
-        keep = row_ok
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_base + rows, mask=row_ok, other=0) != 0)
+        keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
         ok = row_ok[None, :, None] & channel_ok
         keep_ok = keep[None, :, None] & channel_ok
-        x = _load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
-        v = _load_tile(v_base, rows, keep_ok, stride_n, channels)
+        x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
+        v = tiles.load_tile(v_base, rows, keep_ok, stride_n, channels)
         dphi = tl.dot(v, gs_t, input_precision=DOT_PRECISION) + gz[:, None, :]
-        phi, dx, dinv = _feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
+        phi, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dk_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
@@ -198,13 +124,13 @@ def key_value_grad_kernel(
         dv = tl.permute(tl.dot(gs_t, tl.permute(phi, (0, 2, 1)), input_precision=DOT_PRECISION), (0, 2, 1))
         if HAS_DWC:  # the transposed conv: dv[n] += w[tap] · g[n - offset(tap)]
             for tap in tl.static_range(K * K):
-                sources, source_ok = _neighbour_rows(
+                sources, source_ok = tiles.neighbour_rows(
                     rows, row_ok, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
                 )
-                g = _load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
-                weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
+                g = tiles.load_tile(do_base, sources, source_ok[None, :, None] & channel_ok, do_stride_n, channels)
+                weight = tiles.tap_weight(w_ptr, dims, tap, D, K)
                 dv = tl.fma(g, weight, dv)
-            own = _load_tile(do_base, rows, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
+            own = tiles.load_tile(do_base, rows, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
             acc_b += tl.sum(own, axis=1)
         tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
@@ -216,32 +142,12 @@ def key_value_grad_kernel(
 
 @triton.jit
 def dwc_weight_grad_kernel(
-    qkv_ptr,
-    mask_ptr,
-    do_ptr,
-    grads_ptr,
-    N,
-    stride_b,
-    stride_n,
-    do_stride_b,
-    do_stride_n,
-    mask_stride_b,
-    prefix,
-    chunk,
-    grads_width,
-    grid_h,
-    grid_w,
+    qkv_ptr, mask_ptr, do_ptr, grads_ptr,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
     N_BUCKET,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    K: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    HALF_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """The DWC weight's gradient for tap ``program_id(2)`` over the tokens of chunk t of batch element b:
     Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a head, summed over the heads (v zero at masked and class
     tokens)."""
@@ -251,18 +157,17 @@ def dwc_weight_grad_kernel(
     v_base = qkv_ptr + b.to(tl.int64) * stride_b + 2 * H * D
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    channels, channel_ok = tiles.tile_channels(H, D, H_PAD, D_PAD)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        keep = (rows < stop) & (rows >= prefix)
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
+        keep = tiles.unmasked((rows < stop) & (rows >= prefix), mask_base, rows, HAS_MASK)
         v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
                     other=0.0)  # fmt: skip
-        sources, source_ok = _neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K)
+        sources, source_ok = tiles.neighbour_rows(
+            rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
+        )
         g = tl.load(do_base + sources[None, :, None] * do_stride_n + channels,
                     mask=source_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
         # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a

@@ -12,6 +12,9 @@ that one program walks, and the number of chunks is chosen so that the programs 
 - ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
   number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (numerator and normaliser both from tensor-core
   products) plus the depthwise conv of v, each tap gathered once for all C channels, written as (B, N, C).
+
+Every kernel (here and in `triton_backward.py`) lists its parameters by kind, a line or two each: tensors, run-time
+scalars, compile-time constants.
 """
 
 from __future__ import annotations
@@ -19,49 +22,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linvit.ops.linear_attention.triton_tiles import (
-    _broadcast_columns,
-    _channels,
-    _features,
-    _load_keys,
-    _load_tile,
-    _neighbour_rows,
-    _reduced_state,
-    _store_state,
-)
+from linvit.ops.linear_attention import triton_tiles as tiles
 
 
 @triton.jit
 def state_kernel(
-    qkv_ptr,
-    pos_ptr,
-    inv_ptr,
-    mask_ptr,
-    s_ptr,
-    z_ptr,
-    count_ptr,
-    N,
-    stride_b,
-    stride_n,
-    pos_stride_b,
-    mask_stride_b,
-    prefix,
-    chunk,
-    feature_eps,
-    N_BUCKET,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    PRESCALED: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    HALF_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr,
+    N, stride_b, stride_n, pos_stride_b, mask_stride_b, prefix, chunk, feature_eps, N_BUCKET,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
+    HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (every head)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
@@ -69,21 +40,17 @@ def state_kernel(
     v_base = k_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
-    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_z = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     kept = tl.zeros([BLOCK_N], tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        keep = rows < stop
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
+        keep = tiles.unmasked(rows < stop, mask_base, rows, HAS_MASK)
         ok = keep[None, :, None] & channel_ok
-        x = _load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, PRESCALED)
-        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
+        x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, PRESCALED)
+        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
         v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
             acc_s = tl.dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s)
@@ -92,48 +59,19 @@ def state_kernel(
         acc_z += phi
         kept += keep.to(tl.float32)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    _store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), H, D, H_PAD, D_PAD)
+    tiles.store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), H, D, H_PAD, D_PAD)
     tl.store(count_ptr + slot, tl.sum(kept, axis=0))
 
 
 @triton.jit
 def output_kernel(
-    qkv_ptr,
-    inv_ptr,
-    mask_ptr,
-    s_ptr,
-    z_ptr,
-    count_ptr,
-    w_ptr,
-    bias_ptr,
-    out_ptr,
-    N,
-    stride_b,
-    stride_n,
-    out_stride_b,
-    out_stride_n,
-    mask_stride_b,
-    prefix,
-    chunk,
-    grid_h,
-    grid_w,
-    eps,
-    feature_eps,
-    N_BUCKET,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    K: tl.constexpr,
-    MAP: tl.constexpr,
-    POWER: tl.constexpr,
-    PRESCALED: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    qkv_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr, w_ptr, bias_ptr, out_ptr,
+    N, stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, prefix, chunk, grid_h, grid_w, eps,
+    feature_eps, N_BUCKET,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
     b = tl.program_id(0)
     t = tl.program_id(1)
@@ -141,34 +79,33 @@ def output_kernel(
     v_base = q_base + 2 * H * D
     out_base = out_ptr + b.to(tl.int64) * out_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok = _channels(H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    inv = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
-    s, z = _reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
-    z_columns = _broadcast_columns(z, D_PAD)
+    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    z_columns = tiles.broadcast_columns(z, D_PAD)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
-    start = t * chunk
-    stop = tl.minimum(start + chunk, N)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < stop
         ok = row_ok[None, :, None] & channel_ok
-        x = _load_tile(q_base, rows, ok, stride_n, channels)
-        phi = tl.where(ok, _features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
+        x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
+        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
         den = tl.dot(phi, z_columns, input_precision=DOT_PRECISION) + eps
         out = num / den
         if HAS_DWC:
             for tap in tl.static_range(K * K):
-                neighbours, neighbour_ok = _neighbour_rows(
+                neighbours, neighbour_ok = tiles.neighbour_rows(
                     rows, row_ok, prefix, grid_h, grid_w, tap // K - K // 2, tap % K - K // 2
                 )
-                if HAS_MASK:
-                    neighbour_ok = neighbour_ok & (tl.load(mask_base + neighbours, mask=neighbour_ok, other=0) != 0)
-                value = _load_tile(v_base, neighbours, neighbour_ok[None, :, None] & channel_ok, stride_n, channels)
-                weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
+                neighbour_ok = tiles.unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
+                value = tiles.load_tile(
+                    v_base, neighbours, neighbour_ok[None, :, None] & channel_ok, stride_n, channels
+                )
+                weight = tiles.tap_weight(w_ptr, dims, tap, D, K)
                 out = tl.fma(value, weight, out)
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)

@@ -25,7 +25,7 @@ ELU = 2
 
 
 @triton.jit
-def _channels(H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+def tile_channels(H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
     """(channel index, channel in range) of a tile, both (H_PAD, 1, D_PAD)."""
     heads = tl.arange(0, H_PAD)[:, None, None]
     dims = tl.arange(0, D_PAD)[None, None, :]
@@ -33,17 +33,46 @@ def _channels(H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.c
 
 
 @triton.jit
-def _load_tile(base, rows, ok, stride_n, channels):
+def channels_and_inverse(inv_ptr, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """:func:`tile_channels` and the inverse temperature of each channel, (H_PAD, 1, D_PAD) in fp32 (1 out of
+    range): how every kernel that maps q or k begins."""
+    channels, channel_ok = tile_channels(H, D, H_PAD, D_PAD)
+    return channels, channel_ok, tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+
+
+@triton.jit
+def chunk_bounds(t, chunk, N):
+    """[start, stop) of the tokens of chunk t: the run of tiles that one program walks."""
+    start = t * chunk
+    return start, tl.minimum(start + chunk, N)
+
+
+@triton.jit
+def unmasked(keep, mask_base, rows, HAS_MASK: tl.constexpr):
+    """``keep`` and, with a key mask (one byte per token, non-zero keeps), the mask of each of ``rows``."""
+    if HAS_MASK:
+        keep = keep & (tl.load(mask_base + rows, mask=keep, other=0) != 0)
+    return keep
+
+
+@triton.jit
+def tap_weight(w_ptr, dims, tap, D: tl.constexpr, K: tl.constexpr):
+    """The DWC weight of one tap for the channels ``dims`` of a head (the kernel shared by the heads), in fp32."""
+    return tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_tile(base, rows, ok, stride_n, channels):
     """x[rows, channels] of a (H_PAD, BLOCK_N, D_PAD) tile in fp32, zero where not ``ok``."""
     return tl.load(base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_keys(base, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr, HAS_POS: tl.constexpr,
+def load_keys(base, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr, HAS_POS: tl.constexpr,
                PRESCALED: tl.constexpr):  # fmt: skip
     """Raw keys of a tile plus the positional term on spatial tokens (scaled by inv when the temperature was folded
     into the projection)."""
-    x = _load_tile(base, rows, ok, stride_n, channels)
+    x = load_tile(base, rows, ok, stride_n, channels)
     if HAS_POS:
         spatial = rows - prefix
         pos_ok = ok & (spatial >= 0)[None, :, None]
@@ -55,7 +84,7 @@ def _load_keys(base, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.
 
 
 @triton.jit
-def _power(a, POWER: tl.constexpr):
+def power(a, POWER: tl.constexpr):
     """a^p for a >= 0; exact products for p = 1, 2, 3."""
     if POWER == 1.0:
         out = a
@@ -69,7 +98,7 @@ def _power(a, POWER: tl.constexpr):
 
 
 @triton.jit
-def _power_grad(a, POWER: tl.constexpr):
+def power_grad(a, POWER: tl.constexpr):
     """d(a^p)/da = p a^(p-1) for a > 0."""
     if POWER == 1.0:
         out = a * 0.0 + 1.0
@@ -83,13 +112,13 @@ def _power_grad(a, POWER: tl.constexpr):
 
 
 @triton.jit
-def _row_sum(x):
+def row_sum(x):
     """Σ over the heads and channels of each token of a tile: (BLOCK_N,)."""
     return tl.sum(tl.sum(x, axis=2), axis=0)
 
 
 @triton.jit
-def _focus(x, inv, channel_ok, feature_eps, POWER: tl.constexpr, PRESCALED: tl.constexpr):
+def focus(x, inv, channel_ok, feature_eps, POWER: tl.constexpr, PRESCALED: tl.constexpr):
     """The focused map's pieces of a tile: (â^p, â, scale = m·‖â‖/‖â^p‖, ‖â‖², ‖â^p‖²); φ = â^p · scale."""
     if PRESCALED:
         a = tl.maximum(x, feature_eps * inv)
@@ -98,17 +127,17 @@ def _focus(x, inv, channel_ok, feature_eps, POWER: tl.constexpr, PRESCALED: tl.c
     a = tl.where(channel_ok, a, 0.0)  # > 0 in range (feature_eps · inv)
     m = tl.max(tl.max(a, axis=2), axis=0)
     a_hat = a * (1.0 / m)[None, :, None]
-    y = _power(a_hat, POWER)
-    sq_a = _row_sum(a_hat * a_hat)
-    sq_y = _row_sum(y * y)
+    y = power(a_hat, POWER)
+    sq_a = row_sum(a_hat * a_hat)
+    sq_y = row_sum(y * y)
     return y, a_hat, m * tl.sqrt(sq_a / sq_y), sq_a, sq_y
 
 
 @triton.jit
-def _features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr):
+def features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr):
     """φ(x) of a tile."""
     if MAP == 0:
-        y, _, scale, _, _ = _focus(x, inv, channel_ok, feature_eps, POWER, PRESCALED)
+        y, _, scale, _, _ = focus(x, inv, channel_ok, feature_eps, POWER, PRESCALED)
         phi = y * scale[None, :, None]
     elif MAP == 1:
         phi = tl.maximum(x, 0.0)
@@ -118,18 +147,18 @@ def _features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.cons
 
 
 @triton.jit
-def _feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr):
+def feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr):
     """(φ(x), dL/dx, the temperature's share dL/da · (relu(x) + eps)) of a tile from dL/dφ.
 
     Focused: with cross = Σ_c dφ_c â_c^p over all C channels of the token and α̂ = ‖â‖ / ‖â^p‖,
     dL/da = α̂ (p â^(p-1) (dφ - cross · â^p / ‖â^p‖²) + cross · â / ‖â‖²) (the scale-free form of the definition's
     gradient). The temperature's share is 0 for the other maps."""
     if MAP == 0:
-        y, a_hat, scale, sq_a, sq_y = _focus(x, inv, channel_ok, feature_eps, POWER, False)
+        y, a_hat, scale, sq_a, sq_y = focus(x, inv, channel_ok, feature_eps, POWER, False)
         phi = y * scale[None, :, None]
-        cross = _row_sum(dphi * y)
+        cross = row_sum(dphi * y)
         alpha = tl.sqrt(sq_a / sq_y)
-        direct = _power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[None, :, None] * y)
+        direct = power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[None, :, None] * y)
         da = alpha[None, :, None] * (direct + (cross / sq_a)[None, :, None] * a_hat)
         da = tl.where(channel_ok, da, 0.0)
         dx = tl.where(x > 0.0, da * inv, 0.0)
@@ -146,7 +175,7 @@ def _feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWE
 
 
 @triton.jit
-def _reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
+def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
                    H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
     """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of batch element b: the partial sums of its chunks added in a
     fixed order (deterministic), over the number of kept keys (the mean form)."""
@@ -170,7 +199,7 @@ def _reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: t
 
 
 @triton.jit
-def _store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
+def store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
                  D_PAD: tl.constexpr):  # fmt: skip
     """Write one (H, D, D) state and (H, D) vector into the partial slot ``slot``."""
     heads = tl.arange(0, H_PAD)[:, None, None]
@@ -184,14 +213,14 @@ def _store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_P
 
 
 @triton.jit
-def _broadcast_columns(z, D_PAD: tl.constexpr):
+def broadcast_columns(z, D_PAD: tl.constexpr):
     """(H_PAD, D_PAD) z -> (H_PAD, D_PAD, D_PAD) with every column equal to z: x @ it gives x·z in every column, so
     the normaliser comes out of a tensor-core product already broadcast over the channels."""
     return z[:, :, None] + tl.zeros([1, 1, D_PAD], tl.float32)
 
 
 @triton.jit
-def _neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
+def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
     """Rows of the tokens at (y + dy, x + dx) of each token of a tile, and whether that is a token of the map."""
     spatial = rows - prefix
     yy = spatial // grid_w
