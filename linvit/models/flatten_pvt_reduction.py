@@ -1,5 +1,6 @@
-"""PVT's spatial reduction for FLatten's focused linear attention: queries from every token, keys and values from a
-smaller map (the FLatten authors' ``la_sr_ratios`` and PVTv2's ``linear``).
+"""PVT's spatial reduction: queries from every token, keys and values from a smaller map, for FLatten's focused linear
+attention (the FLatten authors' ``la_sr_ratios`` and PVTv2's ``linear``) and for PVT's own softmax attention (the
+stages their ``attn_type`` letter ``S`` builds: `SpatialReductionAttention`).
 
 Their steps, per block with tokens x (B, N, C) of an (H, W) map:
     q = x Wq;  r = reduce(x);  k, v = r Wk, r Wv                       (n reduced tokens)
@@ -11,6 +12,10 @@ Their steps, per block with tokens x (B, N, C) of an (H, W) map:
     out = proj(o)
 The DWC input is their 1-D interpolation of the token sequence, kept as it is so that their checkpoints compute the
 same. Any (H, W): the s x s convolution drops a remainder as theirs does, and P is resized (bicubic) to the grid.
+
+Their softmax stages (``S``) reduce the same way (s from their ``sr_ratios``, 8, 4, 2, 1; or the 7x7 pool with
+``linear``; no reduction where s is 1), then, per head of width d:
+    o = softmax(q k^T / sqrt(d)) v;  out = proj(o)                     (no positional table, no DWC)
 """
 
 from __future__ import annotations
@@ -23,11 +28,23 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from linvit.attention import FocusedLinearAttention, focused_feature_map, linear_attention, resize_positional_table
+from linvit.attention import (
+    FocusedLinearAttention,
+    ProjectedAttention,
+    focused_feature_map,
+    linear_attention,
+    resize_positional_table,
+)
 from linvit.models._family import positive_per_stage
 from linvit.ops._numerics import at_least_float32
 
-__all__ = ["POOLED_GRID", "ReducedKeysFocusedAttention", "check_reductions", "reduction_ratios"]
+__all__ = [
+    "POOLED_GRID",
+    "ReducedKeysFocusedAttention",
+    "SpatialReductionAttention",
+    "check_reductions",
+    "reduction_ratios",
+]
 
 # PVTv2-Li pools the keys and values to this grid at every input size
 POOLED_GRID = (7, 7)
@@ -35,14 +52,16 @@ POOLED_GRID = (7, 7)
 torch.fx.wrap("resize_positional_table")
 
 
-def reduction_ratios(la_sr_ratios: int | str | tuple[int, ...] | list[int], num_stages: int) -> tuple[int, ...]:
-    """``la_sr_ratios`` as one positive int per stage: an int for every stage, a sequence, or the authors' digit
-    string (``"8421"``, one digit per stage)."""
+def reduction_ratios(
+    la_sr_ratios: int | str | tuple[int, ...] | list[int], num_stages: int, option: str = "la_sr_ratios"
+) -> tuple[int, ...]:
+    """``la_sr_ratios`` (or another per-stage ratio ``option``, e.g. ``sr_ratios``) as one positive int per stage: an
+    int for every stage, a sequence, or the authors' digit string (``"8421"``, one digit per stage)."""
     parts = [la_sr_ratios] * num_stages if isinstance(la_sr_ratios, int) else la_sr_ratios  # a str: its digits
     return positive_per_stage(
         parts,
         num_stages,
-        f"la_sr_ratios needs one positive reduction ratio per stage ({num_stages}), got {la_sr_ratios!r}; e.g. 1 "
+        f"{option} needs one positive reduction ratio per stage ({num_stages}), got {la_sr_ratios!r}; e.g. 1 "
         f"(no reduction), '8421' or (8, 4, 2, 1).",
     )
 
@@ -153,44 +172,170 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
 
 register_notrace_module(ReducedKeysFocusedAttention)
 
-_REDUCTION_KEY = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.sr\.weight$")
+
+class SpatialReductionAttention(ProjectedAttention):
+    """PVT's spatial-reduction softmax attention, as the FLatten authors' ``attn_type`` letter ``S`` builds it (see the
+    module docstring): softmax attention of every token's query over keys and values of a reduced map.
+
+    Keys as the authors' after `checkpoint_filter_fn` fuses their ``q``/``kv``: ``qkv`` (rows q, k, v), ``proj``,
+    and where it reduces ``sr.*`` / ``norm.*``; it has no positional table and no DWC.
+
+    Args:
+        dim, num_heads, qkv_bias, proj_drop: see `ProjectedAttention`.
+        sr_ratio: s of the s x s, stride-s reduction; 1 attends over every token (PVT's last stage).
+        linear: pool to a 7x7 grid and reduce with a 1x1 convolution and GELU (PVTv2-Li) instead.
+        attn_drop: dropout on the attention probabilities (training only).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        sr_ratio: int = 1,
+        linear: bool = False,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        *,
+        device=None,
+        dtype=None,
+    ):
+        if sr_ratio < 1:
+            raise ValueError(f"sr_ratio must be a positive reduction ratio (1: no reduction), got {sr_ratio}.")
+        dd = {"device": device, "dtype": dtype}
+        super().__init__(dim, num_heads, qkv_bias, proj_drop, **dd)
+        self.sr_ratio = 1 if linear else sr_ratio
+        self.linear = linear
+        self.attn_drop = attn_drop
+        self.reduces = linear or sr_ratio > 1
+        self.pool: nn.Module = nn.AdaptiveAvgPool2d(POOLED_GRID) if linear else nn.Identity()
+        self.sr: nn.Module = nn.Identity()
+        self.norm: nn.Module = nn.Identity()
+        if self.reduces:
+            kernel = 1 if linear else sr_ratio
+            self.sr = nn.Conv2d(dim, dim, kernel, stride=kernel, **dd)
+            self.norm = nn.LayerNorm(dim, **dd)  # eps 1e-5: the authors' plain nn.LayerNorm
+        self.act: nn.Module = nn.GELU() if linear else nn.Identity()
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """x: (B, N, C) with N == H * W; returns (B, N, C)."""
+        batch, tokens, channels = x.shape
+        assert self.qkv is not None
+        weight, bias = self.qkv.weight, self.qkv.bias
+        q = F.linear(x, weight[:channels], None if bias is None else bias[:channels])
+        reduced = x
+        if self.reduces:
+            image = x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])
+            reduced = self.act(self.norm(self.sr(self.pool(image)).flatten(2).transpose(1, 2)))
+        k, v = F.linear(reduced, weight[channels:], None if bias is None else bias[channels:]).chunk(2, dim=-1)
+        heads, head_dim = self.num_heads, self.head_dim
+        out = F.scaled_dot_product_attention(  # scale 1 / sqrt(d), as the authors' qk_scale=None
+            q.reshape(batch, tokens, heads, head_dim).transpose(1, 2),
+            k.reshape(batch, -1, heads, head_dim).transpose(1, 2),
+            v.reshape(batch, -1, heads, head_dim).transpose(1, 2),
+            dropout_p=self.attn_drop if self.training else 0.0,
+        )
+        return self.project_out(out.transpose(1, 2).reshape(batch, tokens, channels))
+
+    def extra_repr(self) -> str:
+        reduction = "linear (7x7 pool)" if self.linear else f"sr_ratio={self.sr_ratio}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, softmax, {reduction}"
 
 
-def _describe(reduction: int | str) -> str:
+register_notrace_module(SpatialReductionAttention)
+
+_BLOCK_KEY = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.qkv\.weight$")
+
+
+def _describe(reduction: int | str, letter: str | None) -> str:
     if reduction == "linear":
         return "pools keys and values to 7x7 (linear=True)"
     if reduction == 1:
         return "takes keys and values from every token (no reduction)"
-    return f"reduces keys and values {reduction}x{reduction} (la_sr_ratios)"
+    option = "sr_ratios" if letter == "S" else "la_sr_ratios"
+    return f"reduces keys and values {reduction}x{reduction} ({option})"
+
+
+_KINDS = {"L": "focused linear attention (the authors' L)", "S": "softmax attention (the authors' S)"}
+
+
+def _block_kind(state_dict: dict[str, torch.Tensor], prefix: str) -> str:
+    """A checkpoint block's attention as the authors' letter: "L" with the focused kernel's ``scale``, else "S"."""
+    return "L" if f"{prefix}.attn.scale" in state_dict else "S"
+
+
+def _block_reduction(state_dict: dict[str, torch.Tensor], prefix: str) -> int | str:
+    """A checkpoint block's reduction: "linear" (a 1x1 ``attn.sr``), s (an s x s one), or 1 (none)."""
+    weight = state_dict.get(f"{prefix}.attn.sr.weight")
+    if weight is None:
+        return 1
+    return "linear" if weight.shape[-1] == 1 else int(weight.shape[-1])
+
+
+def _model_block(attn: nn.Module) -> tuple[str | None, int | str]:
+    """The model block's (letter or None for kinds a checkpoint cannot tell apart, reduction)."""
+    if isinstance(attn, SpatialReductionAttention):
+        return "S", "linear" if attn.linear else attn.sr_ratio
+    if isinstance(attn, ReducedKeysFocusedAttention):
+        return "L", "linear" if attn.linear else attn.sr_ratio
+    return ("L" if isinstance(getattr(attn, "scale", None), nn.Parameter) else None), 1
+
+
+def _build_with(theirs: dict[tuple[int, int], tuple[str, int | str]], model: nn.Module) -> str:
+    """The creation arguments that build a model whose blocks take the checkpoint's attention and reductions."""
+    num_stages = len(model.stages)
+    letters = ["L"] * num_stages
+    reductions: list[int | str] = [1] * num_stages
+    for (stage, _), (letter, reduction) in theirs.items():
+        letters[stage], reductions[stage] = letter, reduction
+    if "linear" in reductions:
+        fix = ["linear=True"]
+    else:
+        la = [r if letter == "L" else 1 for letter, r in zip(letters, reductions)]
+        fix = [f"la_sr_ratios={_ratios(la)!r}"] if max(la) > 1 else []  # type: ignore[type-var]
+        ours = tuple(getattr(model, "sr_ratios", ()))
+        if any(letter == "S" and r != o for letter, r, o in zip(letters, reductions, ours)):
+            pvt = [2 ** (num_stages - 1 - i) for i in range(num_stages)]  # the others as PVT's default
+            fix.append(
+                f"sr_ratios={_ratios([r if letter == 'S' else d for letter, r, d in zip(letters, reductions, pvt)])!r}"
+            )
+    if "S" in letters:
+        fix.insert(0, f"attn_layers={''.join(letters)!r}")
+    return ", ".join(fix)
+
+
+def _ratios(ratios: list) -> str | tuple[int, ...]:
+    return "".join(map(str, ratios)) if max(ratios) < 10 else tuple(ratios)
 
 
 def check_reductions(state_dict: dict[str, torch.Tensor], model: nn.Module) -> None:
-    """ValueError when a block of a linvit-layout state dict reduces its keys and values otherwise than the model's:
-    its ``attn.sr`` convolution (s x s, or 1x1 for the pooled ``linear`` form) tells how. One sentence, with the
-    ``la_sr_ratios`` / ``linear`` that build a model the checkpoint fits."""
-    found: dict[tuple[int, int], int | str] = {}
-    for key, value in state_dict.items():
-        match = _REDUCTION_KEY.match(key)
-        if match:
-            found[(int(match.group(1)), int(match.group(2)))] = "linear" if value.shape[-1] == 1 else value.shape[-1]
-    theirs: dict[tuple[int, int], int | str] = {}  # the reduction of each block the checkpoint holds
-    for stage_index, stage in enumerate(model.stages):
-        for j in range(len(stage.blocks)):
-            if f"stages.{stage_index}.blocks.{j}.attn.qkv.weight" in state_dict:
-                theirs[(stage_index, j)] = found.get((stage_index, j), 1)
-    for (stage, index), reduction in theirs.items():
-        attn = model.stages[stage].blocks[index].attn
-        ours: int | str = 1
-        if isinstance(attn, ReducedKeysFocusedAttention):
-            ours = "linear" if attn.linear else attn.sr_ratio
-        if ours != reduction:
-            ratios = [1] * len(model.stages)
-            for (i, _), ratio in theirs.items():
-                ratios[i] = ratio if isinstance(ratio, int) else ratios[i]
-            fix = f"la_sr_ratios={''.join(map(str, ratios)) if max(ratios) < 10 else tuple(ratios)!r}"
-            if "linear" in theirs.values():
-                fix = "linear=True"
+    """ValueError when a block of a linvit-layout state dict attends otherwise than the model's: softmax (the authors'
+    ``S``, without the focused kernel's ``scale``) or focused linear attention (``L``), and how it reduces its keys
+    and values, which its ``attn.sr`` convolution tells (s x s, or 1x1 for the pooled ``linear`` form). One
+    sentence, with the ``attn_layers`` / ``la_sr_ratios`` / ``sr_ratios`` / ``linear`` that build a model the
+    checkpoint fits."""
+    theirs: dict[tuple[int, int], tuple[str, int | str]] = {}  # (kind, reduction) of each block the checkpoint holds
+    for key in state_dict:
+        match = _BLOCK_KEY.match(key)
+        if match and int(match.group(1)) < len(model.stages):
+            prefix = key[: -len(".attn.qkv.weight")]
+            theirs[(int(match.group(1)), int(match.group(2)))] = (
+                _block_kind(state_dict, prefix),
+                _block_reduction(state_dict, prefix),
+            )
+    for (stage, index), (letter, reduction) in sorted(theirs.items()):
+        blocks = model.stages[stage].blocks
+        if index >= len(blocks):
+            continue
+        our_letter, ours = _model_block(blocks[index].attn)
+        if our_letter is not None and our_letter != letter:
             raise ValueError(
-                f"stage {stage + 1} of the checkpoint {_describe(reduction)} but the model's {_describe(ours)}: "
-                f"build the model with {fix}"
+                f"stage {stage + 1} of the checkpoint is {_KINDS[letter]} but the model's is {_KINDS[our_letter]}: "
+                f"build the model with {_build_with(theirs, model)}"
+            )
+        if ours != reduction:
+            raise ValueError(
+                f"stage {stage + 1} of the checkpoint {_describe(reduction, letter)} but the model's "
+                f"{_describe(ours, our_letter)}: "
+                f"build the model with {_build_with(theirs, model)}"
             )

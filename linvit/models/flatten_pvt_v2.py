@@ -9,7 +9,9 @@ overlapping patch embeddings (7x7/4 stem, 3x3/2 downsampling), every block a glo
 without spatial reduction (learnable positional encoding added to the keys, depthwise 5x5 enhancement of the
 values), an MLP with a 3x3 depthwise convolution, and a LayerNorm closing every stage. Their code's other options:
 ``la_sr_ratios`` (keys and values from a map reduced s x s, e.g. "8421") and ``linear`` (PVTv2-Li: keys and values
-pooled to 7x7, a ReLU in the MLP), both through `ReducedKeysFocusedAttention`.
+pooled to 7x7, a ReLU in the MLP), both through `ReducedKeysFocusedAttention`; and their ``attn_type`` letters
+(``attn_layers="LLSS"``): ``S`` stages are PVT's softmax attention with spatial reduction by ``sr_ratios`` (8, 4, 2,
+1), `SpatialReductionAttention`.
 
 The authors' attention keeps separate `q` and `kv` projections; here the attention is linvit's one
 `FocusedLinearAttention` with a fused `qkv`, and `checkpoint_filter_fn` concatenates `q` and `kv` (same outputs).
@@ -21,7 +23,7 @@ themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -55,16 +57,51 @@ from linvit.models._family import (
     resize_positional_encodings,
     unwrap_checkpoint,
 )
-from linvit.models.flatten_pvt_reduction import ReducedKeysFocusedAttention, check_reductions, reduction_ratios
+from linvit.models.flatten_pvt_reduction import (
+    ReducedKeysFocusedAttention,
+    SpatialReductionAttention,
+    check_reductions,
+    reduction_ratios,
+)
 
 __all__ = [
+    "ATTN_ALIASES",
     "PVT_STAGE_SHAPES",
     "FlattenPvtV2",
     "PatchEmbedStage",
     "build_block",
     "checkpoint_filter_fn",
     "convert_authors_checkpoint",
+    "pvt_stage_specs",
 ]
+
+# the authors' attn_type letters: L = focused linear attention, S = PVT's softmax attention with spatial reduction
+ATTN_ALIASES = {"L": "focused", "S": "softmax"}
+
+
+def pvt_stage_specs(attn_layers: Any, num_stages: int, model_name: str) -> list[tuple[str, dict[str, Any], bool]]:
+    """(registry name, keyword arguments, whether it is the authors' ``S``) per stage of ``attn_layers``: names and
+    specs as every family's (`stage_attention_specs`), and the authors' letters, a string ``"LLSS"`` or ``"L"`` /
+    ``"S"`` entries. An ``S`` stage is PVT's softmax attention with spatial reduction (`SpatialReductionAttention`);
+    the name ``"softmax"`` stays linvit's global softmax (`GlobalAttention`)."""
+    specs = stage_attention_specs(attn_layers, num_stages, model_name, ATTN_ALIASES)
+    if isinstance(attn_layers, str) and attn_layers not in ATTN_ALIASES:
+        entries = list(attn_layers) if all(letter in ATTN_ALIASES for letter in attn_layers) else [attn_layers]
+    elif isinstance(attn_layers, (str, Mapping)):
+        entries = [attn_layers]
+    else:
+        entries = list(attn_layers)
+    entries = entries * num_stages if len(entries) == 1 else entries
+    out = []
+    for (name, explicit), entry in zip(specs, entries):
+        softmax = entry == "S" or (isinstance(entry, Mapping) and entry.get("name") == "S")
+        if softmax and explicit:
+            raise TypeError(
+                f"{model_name}: the authors' S stage takes no arguments, got {sorted(explicit)}; its keys and values "
+                "are reduced by sr_ratios (or linear), its other settings are the model's."
+            )
+        out.append((name, explicit, softmax))
+    return out
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -124,14 +161,16 @@ class FlattenPvtV2Block(PreNormBlock):
 
 def build_block(block_cls: type[PreNormBlock], block: dict[str, Any], mlp_layer: Any = Mlp) -> PreNormBlock:
     """A block from the keyword arguments of `PreNormBlock.build` plus ``reduction``: None (the attention by name),
-    or (sr_ratio, linear) of a `ReducedKeysFocusedAttention`; attention then MLP, in that order, either way."""
+    or (letter, sr_ratio, linear): "L", a `ReducedKeysFocusedAttention`, or "S", the authors' softmax stage
+    `SpatialReductionAttention`; attention then MLP, in that order, either way."""
     block = dict(block)
     reduction = block.pop("reduction")
     if reduction is None:
         return block_cls.build(**block, mlp_layer=mlp_layer)
     dim, dd = block["dim"], {"device": block["device"], "dtype": block["dtype"]}
-    sr_ratio, linear = reduction
-    attn = ReducedKeysFocusedAttention(dim, block["num_heads"], sr_ratio, linear, **block["attn_kwargs"], **dd)
+    letter, sr_ratio, linear = reduction
+    attention = SpatialReductionAttention if letter == "S" else ReducedKeysFocusedAttention
+    attn = attention(dim, block["num_heads"], sr_ratio, linear, **block["attn_kwargs"], **dd)
     mlp = mlp_layer(dim, int(dim * block["mlp_ratio"]), drop=block["proj_drop"], **dd)
     return block_cls(dim, attn, mlp, block["drop_path"], block["norm_layer"], **dd)
 
@@ -154,10 +193,17 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
     stage), global focused linear attention by default; the other arguments as in timm's PVTv2. `FlattenPvt` (v1)
     differs only in its stages (`build_stage`, `stage_grids`) and their position embeddings (`init_tables`).
 
+    The authors' ``attn_type`` letters are accepted too (``attn_layers="LLSS"``, or ``"L"`` / ``"S"`` entries):
+    ``L`` is focused linear attention, ``S`` PVT's softmax attention whose keys and values come from the map reduced
+    by ``sr_ratios`` (`SpatialReductionAttention`; their checkpoints' ``attn.q``, ``attn.kv``, ``attn.sr``,
+    ``attn.norm`` load). ``"softmax"`` stays linvit's global softmax, without reduction.
+
     ``la_sr_ratios``: the authors' spatial reduction of the focused stages' keys and values, one ratio per stage (an
-    int for all, a sequence, or their digits ``"8421"``); 1 (their configs' ``1111``) reduces nothing. ``linear``:
-    PVTv2-Li, keys and values pooled to 7x7 in every focused stage (the ratios then do not apply) and a ReLU in the
-    MLPs. Both as `ReducedKeysFocusedAttention`.
+    int for all, a sequence, or their digits ``"8421"``); 1 (their configs' ``1111``) reduces nothing. As in their
+    code it does not apply to ``S`` stages, which take ``sr_ratios``: one ratio per stage, PVT's (8, 4, 2, 1) by
+    default (halving to 1 at the last stage for other stage counts). ``linear``: PVTv2-Li, keys and values pooled
+    to 7x7 in every focused and ``S`` stage (the ratios then do not apply) and a ReLU in the MLPs. Reduced focused
+    stages are `ReducedKeysFocusedAttention`.
     """
 
     group_stem = r"^stages\.0\.patch_embed"
@@ -182,6 +228,7 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         drop_path_rate: float = 0.0,
         la_sr_ratios: int | str | Sequence[int] = 1,
         linear: bool = False,
+        sr_ratios: int | str | Sequence[int] | None = None,
         device=None,
         dtype=None,
     ):
@@ -194,15 +241,19 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                 "length."
             )
         self.num_stages = len(depths)
-        specs = stage_attention_specs(attn_layers, self.num_stages, self.model_name)
-        self.attn_layers = tuple(name for name, _ in specs)
+        specs = pvt_stage_specs(attn_layers, self.num_stages, self.model_name)
+        self.attn_layers = tuple("S" if softmax else name for name, _, softmax in specs)
         self.la_sr_ratios = reduction_ratios(la_sr_ratios, self.num_stages)
+        if sr_ratios is None:  # PVT's 8, 4, 2, 1
+            sr_ratios = tuple(2 ** (self.num_stages - 1 - i) for i in range(self.num_stages))
+        self.sr_ratios = reduction_ratios(sr_ratios, self.num_stages, "sr_ratios")
         self.linear = linear
         for name, ratio in zip(self.attn_layers, self.la_sr_ratios):
-            if name != "focused" and (ratio > 1 or linear):
+            if name not in ("focused", "S") and (ratio > 1 or linear):
                 raise ValueError(
-                    f"la_sr_ratios and linear reduce the keys of focused attention, but a stage has {name!r}; give "
-                    f"such stages ratio 1 and linear=False, or attn_layers='focused'."
+                    f"la_sr_ratios and linear reduce the keys of focused attention (and linear those of the authors' "
+                    f"S stages), but a stage has {name!r}; give such stages ratio 1 and linear=False, or "
+                    f"attn_layers='focused'."
                 )
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.drop_rate = drop_rate
@@ -211,7 +262,12 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         grids = self.stage_grids(self.img_size)
         stages = []
         for i, rates in enumerate(drop_path_rates(drop_path_rate, depths)):
-            name, explicit = specs[i]
+            name, explicit, softmax = specs[i]
+            reduction = None
+            if softmax:  # the authors' S: every such stage is PVT's spatial-reduction attention
+                reduction = ("S", self.sr_ratios[i], linear)
+            elif linear or self.la_sr_ratios[i] > 1:
+                reduction = ("L", self.la_sr_ratios[i], linear)
             block = {
                 "dim": embed_dims[i],
                 "num_heads": num_heads[i],
@@ -220,7 +276,7 @@ class FlattenPvtV2(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                 "mlp_ratio": mlp_ratios[i],
                 "proj_drop": proj_drop_rate,
                 "norm_layer": partial(nn.LayerNorm, eps=1e-6),
-                "reduction": (self.la_sr_ratios[i], linear) if linear or self.la_sr_ratios[i] > 1 else None,
+                "reduction": reduction,
                 **dd,
             }
             in_dim = in_chans if i == 0 else embed_dims[i - 1]
@@ -284,8 +340,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
 
     Accepts the authors' whole file (`model`, maybe `state_dict_ema`, `optimizer`, `config`) or its `model` dict;
     fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `block{s}`, `norm{s}`, `dwconv.dwconv`
-    and `head`, checks that every block reduces its keys and values as the model's (``la_sr_ratios``, ``linear``:
-    a ValueError names a difference), and resizes the positional encodings when the model was built for another
+    and `head`, checks that every block attends (the authors' ``L`` or ``S``) and reduces its keys and values as the
+    model's (``attn_layers``, ``la_sr_ratios``, ``sr_ratios``, ``linear``: a ValueError names a difference and the
+    options that fit), and resizes the positional encodings when the model was built for another
     resolution.
     """
     rules = [

@@ -5,6 +5,10 @@ Every option their code has for the focused stages: ``la_sr_ratios`` (keys and v
 convolution of the map, LayerNorm), PVTv2's ``linear`` (from the map average-pooled to 7x7, a 1x1 convolution,
 LayerNorm and GELU; a ReLU in the MLP), and the DWC of the values stretched back to every token by a linear
 interpolation along the flattened token sequence. Their PVT builds a final ``norm`` it never applies.
+
+Their ``attn_type`` letters: ``L`` stages are the focused attention above, ``S`` stages PVT's softmax ``Attention``
+(queries from every token, keys and values from the map reduced by ``sr_ratios[i]``, 8, 4, 2, 1 in every model they
+register, or pooled to 7x7 with ``linear``; scale head_dim ** -0.5); ``la_sr_ratios`` applies to ``L`` stages only.
 """
 
 from __future__ import annotations
@@ -84,6 +88,52 @@ class AuthorsFocusedLinearAttention(nn.Module):
         return self.proj(x)
 
 
+class AuthorsSoftmaxAttention(nn.Module):
+    """Their `Attention` (both files): PVT's spatial-reduction softmax attention."""
+
+    def __init__(self, dim, num_heads, sr_ratio=1, linear=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.q = nn.Linear(dim, dim, bias=True)
+        self.kv = nn.Linear(dim, dim * 2, bias=True)
+        self.proj = nn.Linear(dim, dim)
+        self.linear = linear
+        self.sr_ratio = sr_ratio
+        if not linear:
+            if sr_ratio > 1:
+                self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+                self.norm = nn.LayerNorm(dim)
+        else:
+            self.pool = nn.AdaptiveAvgPool2d(7)
+            self.sr = nn.Conv2d(dim, dim, kernel_size=1, stride=1)
+            self.norm = nn.LayerNorm(dim)
+            self.act = nn.GELU()
+
+    def forward(self, x, H, W):
+        B, N, C = x.shape
+        q = self.q(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        if not self.linear:
+            if self.sr_ratio > 1:
+                x_ = x.permute(0, 2, 1).reshape(B, C, H, W)
+                x_ = self.norm(self.sr(x_).reshape(B, C, -1).permute(0, 2, 1))
+                kv = self.kv(x_).reshape(B, -1, 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+            else:
+                kv = self.kv(x).reshape(B, -1, 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        else:
+            x_ = x.permute(0, 2, 1).reshape(B, C, H, W)
+            x_ = self.act(self.norm(self.sr(self.pool(x_)).reshape(B, C, -1).permute(0, 2, 1)))
+            kv = self.kv(x_).reshape(B, -1, 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+
+
+def _sr_ratio(attn_type, la_sr_ratios, i, sr_ratios=(8, 4, 2, 1)):
+    """Their block's ratio: sr_ratios[i] in an S stage, the la_sr_ratios digit in an L stage."""
+    return sr_ratios[i] if attn_type[i] == "S" else int(la_sr_ratios[i])
+
+
 # ------------------------------------------------------------------------------------------------------ PVT (v1)
 class AuthorsMlp(nn.Module):
     def __init__(self, in_features, hidden_features):
@@ -97,10 +147,13 @@ class AuthorsMlp(nn.Module):
 
 
 class AuthorsBlock(nn.Module):
-    def __init__(self, dim, num_patches, num_heads, mlp_ratio, sr_ratio=1, linear=False, mlp=AuthorsMlp):
+    def __init__(self, dim, num_patches, num_heads, mlp_ratio, sr_ratio=1, linear=False, mlp=AuthorsMlp, attn_type="L"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = AuthorsFocusedLinearAttention(dim, num_patches, num_heads, sr_ratio, linear)
+        if attn_type == "L":
+            self.attn = AuthorsFocusedLinearAttention(dim, num_patches, num_heads, sr_ratio, linear)
+        else:
+            self.attn = AuthorsSoftmaxAttention(dim, num_heads, sr_ratio, linear)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = mlp(dim, int(dim * mlp_ratio)) if mlp is AuthorsMlp else mlp(dim, int(dim * mlp_ratio), linear)
 
@@ -125,7 +178,17 @@ class AuthorsPatchEmbed(nn.Module):
 
 
 class AuthorsPvt(nn.Module):
-    def __init__(self, img_size, embed_dims, depths, num_heads, mlp_ratios, num_classes=1000, la_sr_ratios="1111"):
+    def __init__(
+        self,
+        img_size,
+        embed_dims,
+        depths,
+        num_heads,
+        mlp_ratios,
+        num_classes=1000,
+        la_sr_ratios="1111",
+        attn_type="LLLL",
+    ):
         super().__init__()
         for i in range(4):
             patch_embed = AuthorsPatchEmbed(
@@ -137,7 +200,14 @@ class AuthorsPvt(nn.Module):
             setattr(self, f"patch_embed{i + 1}", patch_embed)
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, patch_embed.num_patches, embed_dims[i])))
             blocks = [
-                AuthorsBlock(embed_dims[i], patch_embed.num_patches, num_heads[i], mlp_ratios[i], int(la_sr_ratios[i]))
+                AuthorsBlock(
+                    embed_dims[i],
+                    patch_embed.num_patches,
+                    num_heads[i],
+                    mlp_ratios[i],
+                    _sr_ratio(attn_type, la_sr_ratios, i),
+                    attn_type=attn_type[i],
+                )
                 for _ in range(depths[i])
             ]
             setattr(self, f"block{i + 1}", nn.ModuleList(blocks))
@@ -208,7 +278,16 @@ class AuthorsOverlapPatchEmbed(nn.Module):
 
 class AuthorsPvtV2(nn.Module):
     def __init__(
-        self, img_size, embed_dims, depths, num_heads, mlp_ratios, num_classes=1000, la_sr_ratios="1111", linear=False
+        self,
+        img_size,
+        embed_dims,
+        depths,
+        num_heads,
+        mlp_ratios,
+        num_classes=1000,
+        la_sr_ratios="1111",
+        linear=False,
+        attn_type="LLLL",
     ):
         super().__init__()
         for i in range(4):
@@ -226,9 +305,10 @@ class AuthorsPvtV2(nn.Module):
                         patch_embed.num_patches,
                         num_heads[i],
                         mlp_ratios[i],
-                        int(la_sr_ratios[i]),
+                        _sr_ratio(attn_type, la_sr_ratios, i),
                         linear,
                         AuthorsMlpV2,
+                        attn_type[i],
                     )
                     for _ in range(depths[i])
                 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -21,6 +22,7 @@ from _flatten_testing import (
 )
 
 import linvit.models.flatten_pvt
+from linvit.models.flatten_pvt_reduction import SpatialReductionAttention
 from linvit.utils import count_macs, count_params
 
 # (params, MACs at 224) published in the FLatten paper (arXiv 2308.00442); M and L are unpublished
@@ -91,6 +93,86 @@ def test_reduced_keys_match_the_authors(img_size, tmp_path, fake_yacs):
     model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, la_sr_ratios="8421")
     assert model.stages[0].blocks[0].attn.sr.weight.shape[-2:] == (8, 8)
     assert_same_outputs(model, reference, img_size)
+
+
+# the authors' attn_type letter S: PVT's softmax attention, keys and values from the map reduced by their sr_ratios
+# 8, 4, 2, 1 (maps 16, 8, 4, 2 at 64: every S stage attends over 2x2 keys); la_sr_ratios applies to L stages only
+@pytest.mark.parametrize(
+    "attn_type, la_sr_ratios, img_size",
+    [("LLSS", "1111", 32), ("LLSS", "1111", 64), ("LLSS", "1111", 128), ("SSSS", "1111", 64), ("SLSL", "8421", 64)],
+)
+def test_softmax_stages_match_the_authors(attn_type, la_sr_ratios, img_size, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, la_sr_ratios=la_sr_ratios, attn_type=attn_type)
+    path = tmp_path / "authors.pth"
+    model = _load(reference, path, fake_yacs, img_size, attn_layers=attn_type, la_sr_ratios=la_sr_ratios)
+    assert model.attn_layers == tuple("S" if letter == "S" else "focused" for letter in attn_type)
+    softmax = [stage.blocks[0].attn for stage, letter in zip(model.stages, attn_type) if letter == "S"]
+    assert all(isinstance(attn, SpatialReductionAttention) for attn in softmax)
+    assert [attn.sr_ratio for attn in softmax] == [r for r, letter in zip((8, 4, 2, 1), attn_type) if letter == "S"]
+    assert_same_outputs(model, reference, img_size)
+
+
+def _advice(error: pytest.ExceptionInfo) -> dict:
+    """The creation arguments an error message says to build the model with."""
+    match = re.search(r"build the model with (.*?)\.?$", str(error.value))
+    assert match, str(error.value)
+    return eval(f"dict({match.group(1)})")  # noqa: S307 (our own message)
+
+
+# the model as built by default, with the advice this message gave before (la_sr_ratios='1121': an error of its own
+# then), and with the options convert infers from the shapes (la_sr_ratios from every sr convolution)
+@pytest.mark.parametrize("kwargs", [{}, {"la_sr_ratios": "1121"}, {"attn_layers": "SSSS"}])
+def test_the_advice_for_softmax_stages_builds_a_model_that_loads(kwargs, tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG, attn_type="LLSS")
+    path = tmp_path / "authors.pth"
+    with pytest.raises(ValueError, match="build the model with") as error:
+        _load(reference, path, fake_yacs, SMALL_IMG, **kwargs)
+    assert _advice(error) == {"attn_layers": "LLSS"}
+    if not kwargs:
+        assert "stage 3 of the checkpoint is softmax attention (the authors' S) but the model's is focused linear " in (
+            str(error.value)
+        )
+    assert_same_outputs(_load(reference, path, fake_yacs, SMALL_IMG, **_advice(error)), reference, SMALL_IMG)
+    # what convert passes: the letters and the ratio it reads from stage 3's 2x2 convolution, which S stages ignore
+    model = _load(reference, path, fake_yacs, SMALL_IMG, attn_layers="LLSS", la_sr_ratios="1121")
+    assert_same_outputs(model, reference, SMALL_IMG)
+
+
+@pytest.mark.parametrize(
+    "attn_type, la_sr_ratios, advice",
+    [("SSLL", "1121", {"attn_layers": "SSLL", "la_sr_ratios": "1121"}), ("LSLS", "8421", None)],
+)
+def test_the_advice_names_every_option_the_checkpoint_needs(attn_type, la_sr_ratios, advice, tmp_path, fake_yacs):
+    reference = _authors_model(SMALL_IMG, attn_type=attn_type, la_sr_ratios=la_sr_ratios)
+    path = tmp_path / "authors.pth"
+    with pytest.raises(ValueError, match="build the model with") as error:
+        _load(reference, path, fake_yacs, SMALL_IMG, sr_ratios=(4, 4, 4, 4))
+    if advice is not None:
+        assert _advice(error) == {**advice, "sr_ratios": "8421"}
+    assert_same_outputs(_load(reference, path, fake_yacs, SMALL_IMG, **_advice(error)), reference, SMALL_IMG)
+
+
+def test_softmax_stage_options_are_checked():
+    with pytest.raises(ValueError, match="sr_ratios needs one positive reduction ratio per stage"):
+        _small(attn_layers="LLSS", sr_ratios="842", device="meta")
+    with pytest.raises(ValueError, match=r"Unknown attention 'LLXS'; valid names are focused, .*, L, S\."):
+        _small(attn_layers="LLXS", device="meta")
+    with pytest.raises(TypeError, match="the authors' S stage takes no arguments"):
+        _small(attn_layers=["L", "L", {"name": "S", "attn_drop": 0.1}, "S"], device="meta")
+    model = _small(attn_layers=("focused", "L", "S", "softmax"), sr_ratios=(2, 2, 2, 2), device="meta")
+    assert model.attn_layers == ("focused", "focused", "S", "softmax")
+    assert model.stages[2].blocks[0].attn.sr_ratio == 2
+    assert type(model.stages[3].blocks[0].attn).__name__ == "GlobalAttention"  # linvit's name: no reduction
+
+
+def test_softmax_stages_run_any_size_script_and_train():
+    model = randomize(_small(attn_layers="SLSL")).eval()
+    x = torch.randn(1, 3, 70, 90)  # maps no multiple of the ratios: the reduction drops the remainder
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()
+    assert_torchscript_matches_eager(model, x)
+    assert_fx_feature_extraction_matches_eager(model, x)
+    assert_every_parameter_gets_a_gradient(_small(attn_layers="LLSS", num_classes=3), x)
 
 
 def test_loads_the_authors_whole_file_without_its_config_class(tmp_path, fake_yacs):

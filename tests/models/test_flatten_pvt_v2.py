@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import pytest
@@ -129,6 +130,63 @@ def test_linear_pvt_v2_matches_the_authors(img_size, ratios, tmp_path, fake_yacs
     model = _load(reference, tmp_path / "authors.pth", fake_yacs, img_size, linear=True)
     assert model.stages[3].blocks[0].attn.positional_encoding.shape[1] == 49
     assert_same_outputs(model, reference, img_size)
+
+
+# the authors' attn_type letter S: PVT's softmax attention over keys and values reduced by sr_ratios 8, 4, 2, 1 (their
+# Attention), or with linear=True pooled to 7x7 (and the L stages' tables on 7x7 grids: their linear mode needs 224)
+@pytest.mark.parametrize(
+    "attn_type, img_size, options",
+    [
+        ("LLSS", 64, {}),
+        ("SSSS", 32, {}),
+        ("SLSL", 64, {"la_sr_ratios": "8421"}),
+        ("LSLS", 224, {"la_sr_ratios": "8421", "linear": True}),
+    ],
+)
+def test_softmax_stages_match_the_authors(attn_type, img_size, options, tmp_path, fake_yacs):
+    reference = _authors_model(img_size, attn_type=attn_type, **options)
+    path = tmp_path / "authors.pth"
+    model = _load(reference, path, fake_yacs, img_size, attn_layers=attn_type, **options)
+    kinds = [type(stage.blocks[0].attn).__name__ == "SpatialReductionAttention" for stage in model.stages]
+    assert kinds == [letter == "S" for letter in attn_type]
+    assert_same_outputs(model, reference, img_size)
+
+
+def test_the_advice_for_softmax_stages_builds_a_model_that_loads(tmp_path, fake_yacs):
+    """Every option the message names is one that builds a model the checkpoint loads into."""
+    cases = [
+        ("LLSS", 64, {}, {}, {"attn_layers": "LLSS"}),
+        (
+            "LLSS",
+            64,
+            {"la_sr_ratios": "8421"},
+            {"la_sr_ratios": "1121"},
+            {"attn_layers": "LLSS", "la_sr_ratios": "8411"},
+        ),
+        (
+            "SLSL",
+            224,
+            {"la_sr_ratios": "8421", "linear": True},
+            {"linear": True},
+            {"attn_layers": "SLSL", "linear": True},
+        ),
+        (
+            "LSLS",
+            224,
+            {"la_sr_ratios": "8421", "linear": True},
+            {"attn_layers": "LSLS"},
+            {"attn_layers": "LSLS", "linear": True},
+        ),
+    ]
+    for attn_type, img_size, theirs, ours, advice in cases:
+        reference = _authors_model(img_size, attn_type=attn_type, **theirs)
+        path = tmp_path / "authors.pth"
+        with pytest.raises(ValueError, match="build the model with") as error:
+            _load(reference, path, fake_yacs, img_size, **ours)
+        match = re.search(r"build the model with (.*?)\.?$", str(error.value))
+        assert match and eval(f"dict({match.group(1)})") == advice, str(error.value)  # noqa: S307 (our message)
+        model = _load(reference, path, fake_yacs, img_size, **{**ours, **advice})
+        assert_same_outputs(model, reference, img_size)
 
 
 @pytest.mark.slow
