@@ -30,7 +30,8 @@ where a clamped window reads it (see :func:`checkpoint_filter_fn`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -72,10 +73,49 @@ from linvit.models.flatten_swin_checkpoint import (
 )
 from linvit.ops.windows import exporting, wrap_index
 
-__all__ = ["FlattenSwin", "PatchMerging", "ShiftedLinearBlock", "checkpoint_filter_fn", "roll_linear_windows"]
+__all__ = [
+    "FlattenSwin",
+    "PatchMerging",
+    "ShiftedLinearBlock",
+    "checkpoint_filter_fn",
+    "roll_linear_windows",
+    "swin_stage_specs",
+]
 
-# the authors' per-stage letters: L = focused linear attention (in a linear window), S = shifted-window softmax
+# the authors' per-stage letters: L = focused linear attention (in a linear window), S = shifted-window softmax;
+# M (mixed) takes a count k: the stage's first k blocks are L, the rest S
 ATTN_ALIASES = {"L": "focused", "S": "window"}
+_MIXED = re.compile(r"^M(\d+)$")
+
+
+def swin_stage_specs(attn_layers: Any, num_stages: int) -> list[tuple[str, dict[str, Any], int | None]]:
+    """(registry name, keyword arguments, k or None) per stage of ``attn_layers``: names, specs and the letters L/S as
+    `stage_attention_specs` reads them, plus the authors' mixed stages, whose first k blocks are focused linear
+    attention and the rest window softmax (the name is then "focused", for the first blocks).
+
+    Mixed stages are spelled as the authors' ``attn_type``: one letter per stage, then the count, which every ``M``
+    stage takes (``"LLMS4"``: stage 3 has 4 linear blocks, then softmax ones); or an ``"M4"`` entry in a sequence
+    (``("L", "L", "M4", "S")``).
+    """
+    if isinstance(attn_layers, str) and "M" in attn_layers[:num_stages]:
+        letters, count = attn_layers[:num_stages], attn_layers[num_stages:]
+        if len(letters) != num_stages or not set(letters) <= {"L", "S", "M"} or not count.isdigit():
+            raise ValueError(
+                f"FlattenSwin attn_layers {attn_layers!r}: a mixed stage (M) is spelled as the authors' attn_type, one "
+                f"letter L, S or M per stage ({num_stages}) then the count of linear blocks of the M stages, e.g. "
+                f"{'LLMS4' if num_stages == 4 else 'M' * num_stages + '1'!r}; or a sequence with 'M4' entries."
+            )
+        attn_layers = [f"M{count}" if letter == "M" else letter for letter in letters]
+    mixed: list[int | None] = [None] * num_stages
+    if not isinstance(attn_layers, (str, Mapping)):
+        entries = list(attn_layers)
+        for i, entry in enumerate(entries[:num_stages]):
+            match = _MIXED.match(entry) if isinstance(entry, str) else None
+            if match:
+                mixed[i], entries[i] = int(match.group(1)), "focused"
+        attn_layers = entries
+    specs = stage_attention_specs(attn_layers, num_stages, "FlattenSwin", ATTN_ALIASES)
+    return [(name, explicit, count) for (name, explicit), count in zip(specs, mixed)]
 
 
 class PatchMerging(nn.Module):
@@ -171,7 +211,9 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         attn_layers: the attention of each stage (see ``linvit.attention.ATTENTION_NAMES``; the authors' letters
             ``"L"``/``"S"`` or ``"LLSS"`` are accepted). Linear kinds ("focused", ...) attend within the linear
             window with a positional table of its size; windowed kinds ("window", "hybrid") use ``window_size`` and
-            shift every other block.
+            shift every other block. The authors' mixed stages: ``"LLMS4"`` (their ``attn_type``: a letter per
+            stage, then the count) or an ``"M4"`` entry make a stage's first 4 blocks focused linear attention and
+            the rest window softmax; every block keeps its index's shift (`swin_stage_specs`).
         linear_window_size: the linear window (56 at 224, 96 at 384 in the paper), clamped to each feature map.
         window_size: softmax window (7, or 12 at 384).
         mlp_ratio, qkv_bias: block widths and qkv bias.
@@ -220,8 +262,8 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         self.num_stages = num_stages = len(depths)
         if len(num_heads) != num_stages:
             raise ValueError(f"depths and num_heads need one entry per stage; got {len(depths)} and {len(num_heads)}.")
-        specs = stage_attention_specs(attn_layers, num_stages, "FlattenSwin", ATTN_ALIASES)
-        self.attn_layers = tuple(name for name, _ in specs)
+        specs = swin_stage_specs(attn_layers, num_stages)
+        self.attn_layers = tuple(name if count is None else f"M{count}" for name, _, count in specs)
         self.patch_size = patch_size
         self.linear_window_size = to_2tuple(linear_window_size)
         self.window_size = window_size
@@ -250,30 +292,36 @@ class FlattenSwin(PretrainedFileMixin, LinearHeadMixin, StagedBackbone):
         grids = self.stage_grids(self.img_size)
         options = family_attention_options(qkv_bias, attn_drop_rate, proj_drop_rate, focusing_factor, dwc_kernel_size)
         stages = []
-        for i, ((name, explicit), rates) in enumerate(zip(specs, drop_path_rates(drop_path_rate, depths))):
-            stage_options = dict(options)
-            if not attention_kind(name).windowed:  # linear kinds attend within the linear window
-                stage_options["window_size"] = grids[i]
-            stage_kwargs = stage_attention_kwargs(
-                name, explicit, stage_options, window_size=window_size, pos_size=grids[i]
-            )
+        for i, ((name, explicit, mixed), rates) in enumerate(zip(specs, drop_path_rates(drop_path_rate, depths))):
             downsample = PatchMerging(embed_dims[i - 1], embed_dims[i], norm_layer, **dd) if i > 0 else None
-            linear_windows = not attention_kind(name).windowed and "window_size" in stage_kwargs
-            blocks = [
-                (ShiftedLinearBlock if shift_linear_windows and linear_windows and j % 2 == 1 else PreNormBlock).build(
-                    embed_dims[i],
-                    num_heads[i],
-                    name,
-                    shifted_block_kwargs(name, stage_kwargs, j),
-                    mlp_ratio,
-                    proj_drop=proj_drop_rate,
-                    drop_path=rate,
-                    norm_layer=norm_layer,
-                    act_layer=act_layer,
-                    **dd,
+            blocks = []
+            for j, rate in enumerate(rates):
+                block_name = "window" if mixed is not None and j >= mixed else name  # M: L blocks, then S
+                stage_options = dict(options)
+                if not attention_kind(block_name).windowed:  # linear kinds attend within the linear window
+                    stage_options["window_size"] = grids[i]
+                stage_kwargs = stage_attention_kwargs(
+                    block_name, explicit if mixed is None else {}, stage_options, window_size=window_size,
+                    pos_size=grids[i],
+                )  # fmt: skip
+                linear_windows = not attention_kind(block_name).windowed and "window_size" in stage_kwargs
+                block_cls = (
+                    ShiftedLinearBlock if shift_linear_windows and linear_windows and j % 2 == 1 else PreNormBlock
                 )
-                for j, rate in enumerate(rates)
-            ]
+                blocks.append(
+                    block_cls.build(
+                        embed_dims[i],
+                        num_heads[i],
+                        block_name,
+                        shifted_block_kwargs(block_name, stage_kwargs, j),
+                        mlp_ratio,
+                        proj_drop=proj_drop_rate,
+                        drop_path=rate,
+                        norm_layer=norm_layer,
+                        act_layer=act_layer,
+                        **dd,
+                    )
+                )
             stages.append(TokenStage(blocks, downsample))
             self.add_feature_info(embed_dims[i], patch_size * 2**i)
         self.add_stages_norm_head(

@@ -1,7 +1,8 @@
 """How a FLatten-Swin checkpoint of the authors meets the model, for `flatten_swin.checkpoint_filter_fn`.
 
-- `check_stage_attention`: each stage's attention kind (linear or window softmax) as the keys show it, the same in
-  file and model, or a ValueError that says how to build the model;
+- `check_stage_attention`: each stage's attention kind (linear, window softmax, or the authors' mixed stage: linear
+  blocks then softmax ones) as the keys show it, the same in file and model, or a ValueError that says how to build
+  the model;
 - `shrunk_window_stages`: the stages whose softmax windows the authors' code shrank to a small map (and those it
   shifted), read from the buffers their files keep;
 - `fit_relative_position_tables`: each relative position bias table at the model's size, centred for windows the
@@ -33,21 +34,51 @@ def _stage_of(key: str) -> int:
 
 
 def _stage_letters(keys: Any, num_stages: int) -> list[str | None]:
-    """Per stage, the authors' letter of its attention as its keys show it: "L" (blocks with ``positional_encoding``
-    only), "S" (``relative_position_bias_table`` only), or None (other kinds, or no blocks)."""
-    tables: list[set[str]] = [set() for _ in range(num_stages)]
+    """Per stage, the authors' letter of its attention as its blocks' keys show it: "L" (blocks with
+    ``positional_encoding`` only), "S" (``relative_position_bias_table`` only), "M{k}" (k such linear blocks, then
+    softmax ones: the authors' mixed stage), or None (other kinds, or no blocks)."""
+    blocks: list[dict[int, set[str]]] = [{} for _ in range(num_stages)]
     for key in keys:
         match = _STAGE_KEY.match(key)
         if match and int(match.group(1)) < num_stages:
             for table in ("positional_encoding", "relative_position_bias_table"):
                 if key.endswith(f".attn.{table}"):
-                    tables[int(match.group(1))].add(table)
-    letters = {frozenset({"positional_encoding"}): "L", frozenset({"relative_position_bias_table"}): "S"}
-    return [letters.get(frozenset(found)) for found in tables]
+                    blocks[int(match.group(1))].setdefault(int(match.group(2)), set()).add(table)
+    letters: list[str | None] = []
+    for found in blocks:
+        kinds = "".join(
+            {frozenset({"positional_encoding"}): "L", frozenset({"relative_position_bias_table"}): "S"}.get(
+                frozenset(found.get(j, ())), "?"
+            )
+            for j in range(max(found, default=-1) + 1)
+        )
+        linear = len(kinds) - len(kinds.lstrip("L"))
+        if not kinds or "?" in kinds or kinds != "L" * linear + "S" * (len(kinds) - linear):
+            letters.append(None)
+        else:
+            letters.append("L" if linear == len(kinds) else "S" if linear == 0 else f"M{linear}")
+    return letters
+
+
+def _attn_layers(letters: list[str | None]) -> str | tuple[str, ...]:
+    """The ``attn_layers`` that builds stages of these letters: the authors' string ("LLSS", "LLMS4": one letter per
+    stage, then the count of every M stage), or a tuple of letters where M stages differ in their counts."""
+    stage_letters = [letter or "?" for letter in letters]
+    counts = {letter[1:] for letter in stage_letters if letter.startswith("M")}
+    if len(counts) > 1:
+        return tuple(stage_letters)
+    return "".join(letter[0] for letter in stage_letters) + "".join(counts)
+
+
+def _kind(letter: str) -> str:
+    if letter.startswith("M"):
+        return f"mixed (its first {letter[1:]} blocks focused linear attention, then window softmax)"
+    return {"L": "focused linear attention", "S": "window softmax attention"}[letter]
 
 
 def check_stage_attention(state_dict: dict[str, torch.Tensor], model: nn.Module) -> None:
-    """ValueError when a stage's attention kind (linear vs window softmax) differs between checkpoint and model.
+    """ValueError when a stage's attention kind (linear, window softmax, or the authors' mixed stage) differs between
+    checkpoint and model.
 
     The messages of checkpoint filters are one sentence: the loader reports the first sentence of a filter's error.
     """
@@ -55,32 +86,30 @@ def check_stage_attention(state_dict: dict[str, torch.Tensor], model: nn.Module)
     theirs = _stage_letters(state_dict, model.num_stages)
     for i, (mine, found) in enumerate(zip(ours, theirs)):
         if mine is not None and found is not None and mine != found:
-            kinds = {"L": "focused linear attention", "S": "window softmax attention"}
-            letters = "".join(letter or "?" for letter in theirs)
             raise ValueError(
-                f"stage {i + 1} of the checkpoint is {kinds[found]} but stage {i + 1} of the model is {kinds[mine]}: "
-                f"build the model with the checkpoint's attention per stage, attn_layers={letters!r} (L = linear, "
-                "S = softmax)"
+                f"stage {i + 1} of the checkpoint is {_kind(found)} but stage {i + 1} of the model is {_kind(mine)}: "
+                f"build the model with the checkpoint's attention per stage, attn_layers={_attn_layers(theirs)!r} "
+                "(L = linear, S = softmax, M = the first blocks linear)"
             )
 
 
 def shrunk_window_stages(state_dict: dict[str, torch.Tensor]) -> tuple[set[int], set[int]]:
     """(stages whose softmax windows the authors' code shrank to the map, stages it shifted) in an authors' file.
 
-    Their blocks shift (and store an ``attn_mask``) exactly when the map is larger than the window; a stage whose
-    second block stores none had its window clamped to the map. Only files that keep the computed buffers
-    (``relative_position_index``) tell; others give two empty sets.
+    Their softmax blocks with an odd index shift (and store an ``attn_mask``) exactly when the map is larger than the
+    window; a stage whose odd softmax blocks store none had its window clamped to the map. Only files that keep the
+    computed buffers (``relative_position_index``) tell; others give two empty sets.
     """
     if not any(key.endswith(".relative_position_index") for key in state_dict):
         return set(), set()
-    second_blocks, shifted = set(), set()
+    odd_softmax, shifted = set(), set()
     for key in state_dict:
         match = _STAGE_KEY.match(key)
-        if match and match.group(2) == "1":
-            second_blocks.add(int(match.group(1)))
-            if key.endswith(".attn_mask"):
+        if match and int(match.group(2)) % 2 == 1 and key.endswith(".attn.relative_position_index"):
+            odd_softmax.add(int(match.group(1)))
+            if key[: -len("attn.relative_position_index")] + "attn_mask" in state_dict:
                 shifted.add(int(match.group(1)))
-    return second_blocks - shifted, shifted
+    return odd_softmax - shifted, shifted
 
 
 def _table_window(table: torch.Tensor) -> int | None:

@@ -5,6 +5,10 @@ Slow and obviously faithful: the reference the tests compare linvit's FlattenSwi
 window and shift come from its stage's map at the build size: a map not larger than the window makes the window the
 map and drops the shift (the relative position table shrinks with it), and every second block of a stage whose map
 is larger shifts by half the window, linear blocks too (the mask reaches the linear attention, which ignores it).
+
+Their ``attn_type``: a letter per stage, then a count for the mixed stages (``"LLMS4"``): an ``M`` stage's first
+``count`` blocks are ``L`` (the linear window), the rest ``S`` (the softmax window); a block's shift follows its index
+in the stage (half its own window at odd indices), whatever its kind.
 """
 
 from __future__ import annotations
@@ -148,10 +152,13 @@ class RefPatchMerging(nn.Module):
 
 
 class RefLayer(nn.Module):
-    def __init__(self, dim, res, depth, heads, window, attn_type, downsample):
+    def __init__(self, dim, res, depth, heads, windows, attn_type, downsample):
         super().__init__()
+        # their BasicLayer: "M<k>" makes blocks i < k linear and the rest softmax; windows = (linear, softmax)
+        types = [attn_type if attn_type[0] != "M" else ("L" if i < int(attn_type[1:]) else "S") for i in range(depth)]
+        sizes = [windows[0] if t == "L" else windows[1] for t in types]
         self.blocks = nn.ModuleList(
-            [RefBlock(dim, res, heads, window, 0 if i % 2 == 0 else window // 2, attn_type) for i in range(depth)]
+            [RefBlock(dim, res, heads, sizes[i], 0 if i % 2 == 0 else sizes[i] // 2, types[i]) for i in range(depth)]
         )
         self.downsample = RefPatchMerging(res, dim) if downsample else None
 
@@ -181,6 +188,7 @@ class RefFLattenSwin(nn.Module):
         if ape:  # the authors' absolute position embedding, added to the patch tokens
             self.absolute_pos_embed = nn.Parameter(torch.zeros(1, res * res, embed_dim))
         self.layers = nn.ModuleList()
+        stages = len(depths)
         for i, depth in enumerate(depths):
             self.layers.append(
                 RefLayer(
@@ -188,8 +196,8 @@ class RefFLattenSwin(nn.Module):
                     res // 2**i,
                     depth,
                     num_heads[i],
-                    linear_window if types[i] == "L" else window,
-                    types[i],
+                    (linear_window, window),
+                    types[i] + (types[stages:] if types[i] == "M" else ""),
                     downsample=i < len(depths) - 1,
                 )
             )

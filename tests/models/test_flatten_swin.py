@@ -7,6 +7,7 @@ code path is the one users take.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import types
 
@@ -18,6 +19,7 @@ from _authors_swin import RefFLattenSwin
 from _flatten_testing import assert_same_outputs
 
 import linvit.models  # noqa: F401  (registers the models)
+import linvit.models.flatten_swin
 from linvit.attention import resize_relative_position_bias
 from linvit.io import UntrustedCheckpointError
 from linvit.models.flatten_swin import FlattenSwin
@@ -473,3 +475,66 @@ def test_authors_absolute_position_embedding_loads_and_matches_their_model(img_s
         model.set_input_size(img_size=(img_size, img_size))
         assert model.absolute_pos_embed.shape == (1, (img_size // 4) ** 2, 16)
         assert model(torch.randn(1, 3, img_size, img_size, dtype=torch.float64)).shape == (1, 10)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the authors' mixed stages (M with a count: the first k blocks linear, the rest softmax)
+# ------------------------------------------------------------------------------------------------------------------
+def _mixed_reference(img_size, attn_type, depths=(2, 2, 4, 2)):
+    ref = RefFLattenSwin(
+        img_size, 16, depths, (2, 2, 4, 4), linear_window=32, window=4, num_classes=10, types=attn_type
+    )
+    _randomize(ref.eval())
+    return ref
+
+
+# stage 3 (an 8x8 map at 128, 16x16 at 256) holds 4 blocks: with M1 its softmax blocks 1 and 3 shift by half their
+# window, with M3 its linear blocks 0-2 keep the map (one window) and softmax block 3 shifts; MMMS1 mixes stages 1-2
+# too (at 256 stage 1's 64x64 map exceeds the 32 linear window, and its softmax block 1 shifts with a mask)
+@pytest.mark.parametrize(
+    "attn_type, img_size", [("LLMS1", 128), ("LLMS3", 128), ("LLMS3", 256), ("MMMS1", 128), ("MMMS1", 256)]
+)
+def test_mixed_stages_match_the_authors(attn_type, img_size, tmp_path, monkeypatch):
+    ref = _mixed_reference(img_size, attn_type)
+    kwargs = {"img_size": img_size, "depths": (2, 2, 4, 2), "attn_layers": attn_type}
+    model = _load_authors(ref, tmp_path / "flatten_swin_mixed.pth", monkeypatch, **kwargs)
+    count = int(attn_type[4:])
+    kinds = [type(block.attn).__name__ for block in model.layers[2].blocks]
+    assert kinds == ["FocusedLinearAttention"] * count + ["WindowAttention"] * (4 - count)
+    assert model.attn_layers[2] == f"M{count}"
+    assert_same_outputs(model, ref, img_size)
+
+
+def test_mixed_stages_spelled_per_stage_build_the_same_model():
+    letters = timm.create_model(NAME, **dict(TINY, depths=(2, 2, 4, 2), attn_layers="LMMS3"), device="meta")
+    entries = timm.create_model(NAME, **dict(TINY, depths=(2, 2, 4, 2), attn_layers=("L", "M3", "M3", "window")))
+    assert letters.attn_layers == entries.attn_layers == ("focused", "M3", "M3", "window")
+    assert [name for name, _ in letters.named_parameters()] == [name for name, _ in entries.named_parameters()]
+    with pytest.raises(ValueError, match="a mixed stage \\(M\\) is spelled as the authors' attn_type"):
+        timm.create_model(NAME, **dict(TINY, attn_layers="LLMS"), device="meta")
+
+
+@pytest.mark.parametrize(
+    "theirs, ours, advice",
+    [
+        ("LLMS3", {}, "LLMS3"),  # the default model (LLSS)
+        ("LLSS", {"attn_layers": "LLMS1"}, "LLSS"),
+        (("L", "M1", "M3", "S"), {}, ("L", "M1", "M3", "S")),  # counts that differ: a tuple of letters
+    ],
+)
+def test_the_advice_for_mixed_stages_builds_a_model_that_loads(theirs, ours, advice, tmp_path, monkeypatch):
+    depths = {"depths": (2, 2, 4, 2)}
+    if isinstance(theirs, str):
+        ref = _mixed_reference(128, theirs)
+        state = ref.state_dict()
+    else:  # linvit's layout (the authors' code gives every M stage one count)
+        ref = _tiny(**depths, attn_layers=theirs)
+        _randomize(ref)
+        state = ref.state_dict()
+    with pytest.raises(ValueError, match="build the model with the checkpoint's attention per stage") as error:
+        linvit.models.flatten_swin.checkpoint_filter_fn(state, _tiny(**depths, **ours))
+    found = re.search(r"attn_layers=(.*?) \(L = linear", str(error.value))
+    assert found and eval(found.group(1)) == advice, str(error.value)  # noqa: S307 (our own message)
+    model = _tiny(**depths, attn_layers=advice)
+    model.load_state_dict(linvit.models.flatten_swin.checkpoint_filter_fn(state, model))
+    assert_same_outputs(model, ref, 128)
