@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         default=None,
         help="weights (.safetensors / .pth / .pt); a config.json beside them (from `linvit export`) supplies "
-        "num_classes, model arguments, preprocessing and label names",
+        "num_classes, model arguments, preprocessing and label names; without one, the model arguments `linvit "
+        "convert` recorded in a .safetensors file (its training size and options) are used",
     )
     parser.add_argument("--topk", type=int, default=5, help="how many classes to print (default 5)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -42,16 +43,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------------------------ checkpoint facts
 def read_side_config(checkpoint: str | Path, trusted: bool = False) -> dict[str, Any]:
-    """``config.json`` beside the weights (timm hub format), or {} when there is none.
+    """``config.json`` beside the weights (timm hub format); else the creation arguments ``linvit convert`` recorded
+    in a safetensors file's metadata (``model_args``: the training size and options of a converted checkpoint), as
+    ``{"model_args": ...}``; else {}.
 
-    Its model arguments go to ``timm.create_model``: unless ``trusted``, arguments that load files or weights and
+    The model arguments go to ``timm.create_model``: unless ``trusted``, arguments that load files or weights and
     any ``_target_`` are refused (see :mod:`linvit.utils.saved_config`).
     """
     from linvit.utils.saved_config import check_model_arguments
 
     path = Path(checkpoint).with_name("config.json")
     if not path.is_file():
-        return {}
+        model_args = _recorded_model_args(checkpoint)
+        if model_args is None:
+            return {}
+        if not trusted:
+            check_model_arguments(None, model_args, checkpoint)
+        return {"model_args": model_args}
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -63,14 +71,37 @@ def read_side_config(checkpoint: str | Path, trusted: bool = False) -> dict[str,
     return config
 
 
+def _safetensors_metadata(checkpoint: str | Path) -> dict[str, str]:
+    if not str(checkpoint).endswith(".safetensors"):
+        return {}
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(checkpoint), framework="pt") as handle:
+            return handle.metadata() or {}
+    except (OSError, SafetensorError):  # a missing or damaged file: loading the weights names it
+        return {}
+
+
+def _recorded_model_args(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The ``model_args`` JSON object of a safetensors file's metadata (written by ``linvit convert``), or None."""
+    text = _safetensors_metadata(checkpoint).get("model_args")
+    if text is None:
+        return None
+    try:
+        model_args = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{checkpoint}: its metadata's model_args is not valid JSON ({error}); re-convert it"
+        ) from error
+    if not isinstance(model_args, dict):
+        raise ValueError(f"{checkpoint}: its metadata's model_args is a {type(model_args).__name__}, not an object")
+    return model_args
+
+
 def read_safetensors_labels(checkpoint: str | Path) -> list[str] | None:
     """Label names stored in a safetensors file's metadata (``label_names`` or ``class_names``, a JSON list)."""
-    if not str(checkpoint).endswith(".safetensors"):
-        return None
-    from safetensors import safe_open
-
-    with safe_open(str(checkpoint), framework="pt") as handle:
-        metadata = handle.metadata() or {}
+    metadata = _safetensors_metadata(checkpoint)
     for key in _LABEL_KEYS:
         if key in metadata:
             try:

@@ -114,3 +114,31 @@ def test_cli_names_a_truncated_safetensors_file(tmp_path, image, capsys, model_n
     err = capsys.readouterr().err
     assert str(weights) in err and "truncated or corrupt" in err, err
     assert "Traceback" not in err
+
+
+def test_model_args_recorded_by_convert_build_the_model(tmp_path, image):
+    """Weights `linvit convert` wrote carry their creation arguments (training size, options) in the safetensors
+    metadata: predict builds the model with them, so the tables load as trained instead of being resized."""
+    from linvit.commands.predict import read_side_config
+    from linvit.utils.saved_config import UntrustedConfigError
+
+    torch.manual_seed(0)
+    model = timm.create_model("flatten_pvt_v2_b0", img_size=256, num_classes=7).eval()
+    weights = tmp_path / "converted.safetensors"
+    save_file(model.state_dict(), str(weights), metadata={"model_args": json.dumps({"img_size": 256})})
+    assert read_side_config(weights) == {"model_args": {"img_size": 256}}
+    cfg = timm.data.resolve_data_config(model=model)
+    with Image.open(image) as img:
+        x = timm.data.create_transform(**cfg)(img.convert("RGB")).unsqueeze(0)
+    with torch.no_grad():
+        values, indices = model(x).softmax(-1)[0].topk(3)
+    results = predict(image, "flatten_pvt_v2_b0", str(weights), topk=3)
+    assert [r[0] for r in results] == indices.tolist()
+    np.testing.assert_allclose([r[1] for r in results], values.tolist(), rtol=1e-4)
+
+    loading = tmp_path / "loading.safetensors"
+    overlay = {"pretrained_cfg_overlay": {"file": "other.pth"}}
+    save_file(model.state_dict(), str(loading), metadata={"model_args": json.dumps(overlay)})
+    with pytest.raises(UntrustedConfigError):
+        read_side_config(loading)
+    assert read_side_config(loading, trusted=True) == {"model_args": overlay}
