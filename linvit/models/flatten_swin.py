@@ -366,9 +366,17 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict
     ``layers.{i+1}.downsample``, drops computed buffers, fits the relative position bias tables (the centre for
     windows the authors shrank to a small map, else bicubic: `fit_relative_position_tables`) and resizes
     positional encodings (bicubic) when the resolution differs from the model's. A stage whose attention kind differs
-    from the model's (linear vs softmax) is a ValueError that says so.
+    from the model's (linear, softmax, or mixed), or an absolute position embedding the model lacks (or the other
+    way round: ``ape``), is a ValueError that says so and how to build the model.
     """
     state_dict = unwrap_checkpoint(state_dict)
+    if ("absolute_pos_embed" in state_dict) != (model.absolute_pos_embed is not None):
+        has = "has" if "absolute_pos_embed" in state_dict else "has no"
+        raise ValueError(
+            f"the checkpoint {has} the authors' absolute position embedding (absolute_pos_embed, Swin's ape) but the "
+            f"model {'has none' if model.absolute_pos_embed is None else 'has one'}: build the model with "
+            f"ape={'absolute_pos_embed' in state_dict}"
+        )
     check_stage_attention(state_dict, model)
     shrunk, shifted = shrunk_window_stages(state_dict)
     authors_layout = any(k.startswith("layers.0.downsample.") for k in state_dict)

@@ -477,6 +477,19 @@ def test_authors_absolute_position_embedding_loads_and_matches_their_model(img_s
         assert model(torch.randn(1, 3, img_size, img_size, dtype=torch.float64)).shape == (1, 10)
 
 
+def test_the_advice_for_an_absolute_position_embedding_builds_a_model_that_loads(tmp_path, monkeypatch):
+    """An ape checkpoint in a model without one (and the other way round) says to build with ape=True (False)."""
+    with_ape = RefFLattenSwin(128, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10, ape=True)
+    for ref, ours in ((with_ape, {}), (_reference(128), {"ape": True})):
+        _randomize(ref.eval())
+        path = tmp_path / "authors.pth"
+        with pytest.raises(ValueError, match=r"absolute position embedding .*: build the model with ape=") as error:
+            _load_authors(ref, path, monkeypatch, **ours)
+        advice = re.search(r"build the model with ape=(True|False)", str(error.value)).group(1)
+        assert advice == str(not ours)
+        assert_same_outputs(_load_authors(ref, path, monkeypatch, ape=advice == "True"), ref, 128)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the authors' mixed stages (M with a count: the first k blocks linear, the rest softmax)
 # ------------------------------------------------------------------------------------------------------------------
