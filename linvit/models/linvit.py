@@ -101,6 +101,14 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         self.stem = ConvStem(in_chans, embed_dims[0], **dd)
         grids = self.stage_grids(self.img_size or (224, 224))
         options = {"pos_encoding": "none"}  # no parameter tied to the input size (the blocks' CPE gives position)
+        block_options = {
+            "mlp_ratio": mlp_ratio,
+            "qkv_bias": qkv_bias,
+            "proj_drop": proj_drop_rate,
+            "attn_drop": attn_drop_rate,
+            "cpe_kernel_size": cpe_kernel_size,
+            **dd,
+        }
         stages = []
         for i, ((name, explicit), rates) in enumerate(zip(specs, drop_path_rates(drop_path_rate, depths))):
             stage_kwargs = stage_attention_kwargs(name, explicit, options, window_size=window_size, pos_size=grids[i])
@@ -109,15 +117,10 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                 TransformerBlock(
                     embed_dims[i],
                     num_heads[i],
-                    attention=name,
-                    attn_kwargs=shifted_block_kwargs(name, stage_kwargs, j),
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
+                    name,
+                    shifted_block_kwargs(name, stage_kwargs, j),
                     drop_path=rate,
-                    cpe_kernel_size=cpe_kernel_size,
-                    **dd,
+                    **block_options,
                 )
                 for j, rate in enumerate(rates)
             ]
