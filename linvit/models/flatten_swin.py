@@ -370,14 +370,20 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict
     way round: ``ape``), is a ValueError that says so and how to build the model.
     """
     state_dict = unwrap_checkpoint(state_dict)
-    if ("absolute_pos_embed" in state_dict) != (model.absolute_pos_embed is not None):
-        has = "has" if "absolute_pos_embed" in state_dict else "has no"
+    ape = "absolute_pos_embed" in state_dict
+    ape_differs = ape != (model.absolute_pos_embed is not None)
+    try:
+        check_stage_attention(state_dict, model)
+    except ValueError as error:  # one message with every option to change
+        if ape_differs:
+            raise ValueError(f"{error} and ape={ape} (the checkpoint's absolute position embedding)") from None
+        raise
+    if ape_differs:
         raise ValueError(
-            f"the checkpoint {has} the authors' absolute position embedding (absolute_pos_embed, Swin's ape) but the "
-            f"model {'has none' if model.absolute_pos_embed is None else 'has one'}: build the model with "
-            f"ape={'absolute_pos_embed' in state_dict}"
+            f"the checkpoint {'has' if ape else 'has no'} the authors' absolute position embedding "
+            f"(absolute_pos_embed, Swin's ape) but the model {'has one' if not ape else 'has none'}: build the model "
+            f"with ape={ape}"
         )
-    check_stage_attention(state_dict, model)
     shrunk, shifted = shrunk_window_stages(state_dict)
     authors_layout = any(k.startswith("layers.0.downsample.") for k in state_dict)
     out: dict[str, torch.Tensor] = {}

@@ -488,6 +488,16 @@ def test_the_advice_for_an_absolute_position_embedding_builds_a_model_that_loads
         advice = re.search(r"build the model with ape=(True|False)", str(error.value)).group(1)
         assert advice == str(not ours)
         assert_same_outputs(_load_authors(ref, path, monkeypatch, ape=advice == "True"), ref, 128)
+    # with a stage of another kind too: one message names both
+    ref = RefFLattenSwin(128, 16, (2, 2, 4, 2), (2, 2, 4, 4), 32, 4, num_classes=10, types="LLMS1", ape=True)
+    _randomize(ref.eval())
+    with pytest.raises(ValueError, match="build the model with") as error:
+        _load_authors(ref, tmp_path / "authors.pth", monkeypatch, depths=(2, 2, 4, 2))
+    assert "attn_layers='LLMS1' (L = linear, S = softmax, M = the first blocks linear) and ape=True" in str(error.value)
+    model = _load_authors(
+        ref, tmp_path / "authors.pth", monkeypatch, depths=(2, 2, 4, 2), attn_layers="LLMS1", ape=True
+    )
+    assert_same_outputs(model, ref, 128)
 
 
 # ------------------------------------------------------------------------------------------------------------------
