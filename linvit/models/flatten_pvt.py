@@ -9,7 +9,9 @@ Architecture as in the FLatten authors' release (LeapLabTHU/FLatten-Transformer,
 non-overlapping patch embeddings (4x4 stem, 2x2 downsampling) each with LayerNorm, a learnable absolute position
 embedding added per stage, and blocks whose attention is a global focused linear attention without spatial
 reduction (learnable positional encoding on the keys, depthwise 5x5 enhancement of the values) followed by a plain
-MLP. The classifier averages the last stage's tokens; there is no final norm.
+MLP. The classifier averages the last stage's tokens; there is no final norm. Their options ``la_sr_ratios`` and
+``attn_type`` (``attn_layers="LLSS"``: PVT's softmax attention with spatial reduction by ``sr_ratios`` in the ``S``
+stages) work as in `FlattenPvtV2`.
 
 Differences from the authors' code that do not change outputs at their resolution:
 * their final `norm` is built but never used (an unused parameter under DDP); it is not built here and
@@ -108,7 +110,8 @@ class FlattenPvtStage(PatchEmbedStage):
 class FlattenPvt(FlattenPvtV2):
     """FLatten-PVT backbone and classifier. Features are NCHW at strides 4, 8, 16, 32.
 
-    Keyword arguments as `FlattenPvtV2`'s (``la_sr_ratios`` too, not ``linear``, which PVT v1 lacks), plus
+    Keyword arguments as `FlattenPvtV2`'s (``la_sr_ratios``, ``sr_ratios`` and the authors' letters in
+    ``attn_layers`` too, not ``linear``, which PVT v1 lacks), plus
     ``pos_drop_rate`` (dropout after the position embeddings); the stages are PVT's (non-overlapping patch embeddings
     with position embeddings, plain MLPs, no stage norm).
     """
@@ -151,8 +154,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[s
     """Convert a FLatten-PVT checkpoint of the authors (LeapLabTHU/FLatten-Transformer) to this model's keys.
 
     Fuses `attn.q`/`attn.kv` into `attn.qkv`, renames `patch_embed{s}`, `pos_embed{s}`, `block{s}` and `head`,
-    drops the never-used final `norm`, checks that every block reduces its keys and values as the model's
-    (``la_sr_ratios``), and resizes position tables when the model was built for another size.
+    drops the never-used final `norm`, checks that every block attends (``L`` or ``S``) and reduces its keys and
+    values as the model's (``attn_layers``, ``la_sr_ratios``, ``sr_ratios``), and resizes position tables when the
+    model was built for another size.
     """
     rules = [
         (r"^patch_embed(\d+)\.", one_based_stage("stages.{stage}.patch_embed.")),

@@ -112,6 +112,22 @@ def test_softmax_stages_match_the_authors(attn_type, la_sr_ratios, img_size, tmp
     assert_same_outputs(model, reference, img_size)
 
 
+@pytest.mark.slow
+def test_published_tiny_with_softmax_stages_matches_the_authors(tmp_path, fake_yacs):
+    """FLatten-PVT-T as published with the authors' attn_type LLSS (softmax stages 3-4, reduced 2x2 and not at all),
+    random weights, float64, at 224."""
+    torch.manual_seed(0)
+    shapes = dict(linvit.models.flatten_pvt_v2.PVT_STAGE_SHAPES, depths=(2, 2, 2, 2))
+    reference = randomize(AuthorsPvt(224, num_classes=10, attn_type="LLSS", **shapes)).eval()
+    path = tmp_path / "authors.pth"
+    _save_authors_file(path, reference, fake_yacs)
+    overlay = {"file": str(path)}
+    model = timm.create_model(
+        "flatten_pvt_tiny", num_classes=10, attn_layers="LLSS", pretrained=True, pretrained_cfg_overlay=overlay
+    ).eval()
+    assert_same_outputs(model, reference, 224, batch=1)
+
+
 def _advice(error: pytest.ExceptionInfo) -> dict:
     """The creation arguments an error message says to build the model with."""
     match = re.search(r"build the model with (.*?)\.?$", str(error.value))

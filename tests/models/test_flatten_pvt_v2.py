@@ -190,19 +190,19 @@ def test_the_advice_for_softmax_stages_builds_a_model_that_loads(tmp_path, fake_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ratios", ["1111", "8421"])
-def test_published_b0_matches_the_authors_at_128_224_448(ratios, tmp_path, fake_yacs):
-    """FLatten-PVTv2-B0 as published (and with their 8421 reduction), random weights, float64, at its size, below
-    and twice above (their tables need maps divisible by the ratios: 128 rather than 112)."""
+@pytest.mark.parametrize("ratios, attn_type", [("1111", "LLLL"), ("8421", "LLLL"), ("1111", "LLSS")])
+def test_published_b0_matches_the_authors_at_128_224_448(ratios, attn_type, tmp_path, fake_yacs):
+    """FLatten-PVTv2-B0 as published (and with their 8421 reduction, or their softmax stages LLSS), random weights,
+    float64, at its size, below and twice above (their tables need maps divisible by the ratios: 128, not 112)."""
     b0 = {"embed_dims": (32, 64, 160, 256), "depths": (2, 2, 2, 2), "num_heads": (1, 2, 5, 8)}
     b0["mlp_ratios"] = (8, 8, 4, 4)
     for img_size in (128, 224, 448):
-        reference = _authors_model(img_size, embed=b0, la_sr_ratios=ratios)
+        reference = _authors_model(img_size, embed=b0, la_sr_ratios=ratios, attn_type=attn_type)
         _save_authors_file(tmp_path / "authors.pth", reference, fake_yacs)
         overlay = {"file": str(tmp_path / "authors.pth")}
         model = timm.create_model(
-            "flatten_pvt_v2_b0", num_classes=10, img_size=img_size, la_sr_ratios=ratios, pretrained=True,
-            pretrained_cfg_overlay=overlay,
+            "flatten_pvt_v2_b0", num_classes=10, img_size=img_size, la_sr_ratios=ratios, attn_layers=attn_type,
+            pretrained=True, pretrained_cfg_overlay=overlay,
         ).eval()  # fmt: skip
         assert_same_outputs(model, reference, img_size)
 

@@ -528,6 +528,20 @@ def test_mixed_stages_match_the_authors(attn_type, img_size, tmp_path, monkeypat
     assert_same_outputs(model, ref, img_size)
 
 
+@pytest.mark.slow
+def test_published_tiny_with_mixed_stages_matches_the_authors(tmp_path, monkeypatch):
+    """FLatten-Swin-T with the authors' attn_type LLMS3 (stage 3: 3 linear blocks in the 56 window, then 3 shifted
+    7x7 softmax ones), random weights, float64, at 224 and 448 (stage 1 beyond the linear window: rolled blocks)."""
+    for img_size in (224, 448):
+        ref = RefFLattenSwin(img_size, 96, (2, 2, 6, 2), (3, 6, 12, 24), 56, 7, num_classes=1000, types="LLMS3")
+        _randomize(ref.eval())
+        _save_authors_checkpoint(tmp_path / "authors.pth", ref, monkeypatch)
+        overlay = {"file": str(tmp_path / "authors.pth")}
+        kwargs = {"img_size": img_size, "attn_layers": "LLMS3"}
+        model = timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+        assert_same_outputs(model, ref, img_size, batch=1)
+
+
 def test_mixed_stages_spelled_per_stage_build_the_same_model():
     letters = timm.create_model(NAME, **dict(TINY, depths=(2, 2, 4, 2), attn_layers="LMMS3"), device="meta")
     entries = timm.create_model(NAME, **dict(TINY, depths=(2, 2, 4, 2), attn_layers=("L", "M3", "M3", "window")))
