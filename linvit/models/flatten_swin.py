@@ -82,6 +82,8 @@ __all__ = [
     "swin_stage_specs",
 ]
 
+torch.fx.wrap("resize_positional_table")  # ape: the table resized to a traced patch grid (one call under FX)
+
 # the authors' per-stage letters: L = focused linear attention (in a linear window), S = shifted-window softmax;
 # M (mixed) takes a count k: the stage's first k blocks are L, the rest S
 ATTN_ALIASES = {"L": "focused", "S": "window"}

@@ -426,10 +426,11 @@ def test_global_pool_off_returns_maps():
     assert out.shape == (1, 10, 2, 3)
 
 
-def test_torchscript_and_fx():
+@pytest.mark.parametrize("options", [{}, {"ape": True, "depths": (2, 2, 4, 2), "attn_layers": "MMMS1"}])
+def test_torchscript_and_fx(options):
     from timm.layers import create_feature_extractor
 
-    model = _tiny()
+    model = _tiny(**options)
     x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
         expected = model(x)
