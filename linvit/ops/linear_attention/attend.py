@@ -149,7 +149,8 @@ def focused_linear_attention(
         )  # fmt: skip
 
     if position_index is not None:
-        return out.view(batch, -1, out.shape[-1]).index_select(1, position_index)
+        # reshape: the core's (B * nW, n, C) output need not be contiguous, and the program serves every size
+        return out.reshape(batch, -1, out.shape[-1]).index_select(1, position_index)
     if window is not None:
         return merge_windows(out, batch, hw, window, (0, 0))
     return out
