@@ -66,7 +66,38 @@ def reduction_ratios(
     )
 
 
-class ReducedKeysFocusedAttention(FocusedLinearAttention):
+class KeyValueReduction:
+    """What both reduced-key attentions share: the reduction of the map their keys and values come from (``pool``,
+    ``sr``, ``norm``, ``act``: the authors' ``sr.*`` and ``norm.*`` keys), and the fused qkv projection split into
+    the queries of every token and the keys and values of the reduced map."""
+
+    def build_reduction(self, dim: int, sr_ratio: int, linear: bool, device=None, dtype=None) -> None:
+        """The reduction layers: a 7x7 pool, 1x1 conv and GELU with ``linear``; an s x s, stride-s conv for
+        ``sr_ratio`` s > 1; each followed by a LayerNorm (eps 1e-5: the authors' plain nn.LayerNorm); none for s 1."""
+        reduces = linear or sr_ratio > 1
+        kernel = 1 if linear else sr_ratio
+        self.pool: nn.Module = nn.AdaptiveAvgPool2d(POOLED_GRID) if linear else nn.Identity()
+        self.sr: nn.Module = (
+            nn.Conv2d(dim, dim, kernel, stride=kernel, device=device, dtype=dtype) if reduces else nn.Identity()
+        )
+        self.norm: nn.Module = nn.LayerNorm(dim, device=device, dtype=dtype) if reduces else nn.Identity()
+        self.act: nn.Module = nn.GELU() if linear else nn.Identity()
+
+    def queries_and_reduced_keys_values(
+        self, x: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[int, int]]:
+        """q (B, N, C) of every token, k and v (B, n, C) of the reduced map, and its (h, w) grid; ``weight`` and
+        ``bias`` are the fused (3C, C) qkv projection's."""
+        batch, _, channels = x.shape
+        q = F.linear(x, weight[:channels], None if bias is None else bias[:channels])
+        reduced = self.sr(self.pool(x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])))
+        grid = (reduced.shape[2], reduced.shape[3])
+        reduced = self.act(self.norm(reduced.flatten(2).transpose(1, 2)))
+        k, v = F.linear(reduced, weight[channels:], None if bias is None else bias[channels:]).chunk(2, dim=-1)
+        return q, k, v, grid
+
+
+class ReducedKeysFocusedAttention(KeyValueReduction, FocusedLinearAttention):
     """Focused linear attention whose keys and values come from a reduced map (see the module docstring).
 
     Keys as the authors' after `checkpoint_filter_fn` fuses their ``q``/``kv``: ``qkv`` (rows q, k, v: q applied to
@@ -76,7 +107,7 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
     Args:
         dim, num_heads: as `FocusedLinearAttention`, whose other keyword arguments it takes (the focused kernel with a
             learnable positional table, global attention only).
-        sr_ratio: s of the s x s, stride-s reduction (1 with ``linear``).
+        sr_ratio: s of the s x s, stride-s reduction, at least 2 (any value with ``linear``, which takes 1).
         linear: pool to a 7x7 grid and reduce with a 1x1 convolution and GELU (PVTv2-Li) instead.
         pos_size: the (H, W) token grid of the map at the training size; the table covers its reduced grid.
     """
@@ -85,7 +116,7 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
         self,
         dim: int,
         num_heads: int,
-        sr_ratio: int = 1,
+        sr_ratio: int,
         linear: bool = False,
         *,
         pos_size: tuple[int, int],
@@ -112,15 +143,7 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
         self.linear = linear
         dd = {"device": device, "dtype": dtype}
         super().__init__(dim, num_heads, pos_size=self.reduced_grid(tuple(pos_size)), **kwargs, **dd)
-        if linear:
-            self.pool = nn.AdaptiveAvgPool2d(POOLED_GRID)
-            self.sr = nn.Conv2d(dim, dim, 1, **dd)
-            self.act = nn.GELU()
-        else:
-            self.pool = nn.Identity()
-            self.sr = nn.Conv2d(dim, dim, self.sr_ratio, stride=self.sr_ratio, **dd)
-            self.act = nn.Identity()
-        self.norm = nn.LayerNorm(dim, **dd)  # eps 1e-5: the authors' plain nn.LayerNorm
+        self.build_reduction(dim, self.sr_ratio, linear, **dd)
 
     def reduced_grid(self, grid: tuple[int, int]) -> tuple[int, int]:
         """The grid of the keys and values of an (H, W) map: pooled 7x7, or (H // s, W // s) (at least 1x1)."""
@@ -133,13 +156,7 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
         batch, tokens, channels = x.shape
         assert self.qkv is not None and self.proj is not None and self.positional_encoding is not None
         assert self.pos_size is not None
-        weight, bias = self.qkv.weight, self.qkv.bias
-        q = F.linear(x, weight[:channels], None if bias is None else bias[:channels])
-        image = x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])
-        reduced = self.sr(self.pool(image))
-        grid = (reduced.shape[2], reduced.shape[3])
-        reduced = self.act(self.norm(reduced.flatten(2).transpose(1, 2)))
-        k, v = F.linear(reduced, weight[channels:], None if bias is None else bias[channels:]).chunk(2, dim=-1)
+        q, k, v, grid = self.queries_and_reduced_keys_values(x, hw, self.qkv.weight, self.qkv.bias)
         k = k + resize_positional_table(self.positional_encoding, self.pos_size, grid).to(k.dtype)
         q = focused_feature_map(at_least_float32(q), self.scale, self.focusing_factor, self.feature_eps)
         k = focused_feature_map(at_least_float32(k), self.scale, self.focusing_factor, self.feature_eps)
@@ -173,7 +190,7 @@ class ReducedKeysFocusedAttention(FocusedLinearAttention):
 register_notrace_module(ReducedKeysFocusedAttention)
 
 
-class SpatialReductionAttention(ProjectedAttention):
+class SpatialReductionAttention(KeyValueReduction, ProjectedAttention):
     """PVT's spatial-reduction softmax attention, as the FLatten authors' ``attn_type`` letter ``S`` builds it (see the
     module docstring): softmax attention of every token's query over keys and values of a reduced map.
 
@@ -207,27 +224,13 @@ class SpatialReductionAttention(ProjectedAttention):
         self.sr_ratio = 1 if linear else sr_ratio
         self.linear = linear
         self.attn_drop = attn_drop
-        self.reduces = linear or sr_ratio > 1
-        self.pool: nn.Module = nn.AdaptiveAvgPool2d(POOLED_GRID) if linear else nn.Identity()
-        self.sr: nn.Module = nn.Identity()
-        self.norm: nn.Module = nn.Identity()
-        if self.reduces:
-            kernel = 1 if linear else sr_ratio
-            self.sr = nn.Conv2d(dim, dim, kernel, stride=kernel, **dd)
-            self.norm = nn.LayerNorm(dim, **dd)  # eps 1e-5: the authors' plain nn.LayerNorm
-        self.act: nn.Module = nn.GELU() if linear else nn.Identity()
+        self.build_reduction(dim, self.sr_ratio, linear, **dd)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) with N == H * W; returns (B, N, C)."""
         batch, tokens, channels = x.shape
         assert self.qkv is not None
-        weight, bias = self.qkv.weight, self.qkv.bias
-        q = F.linear(x, weight[:channels], None if bias is None else bias[:channels])
-        reduced = x
-        if self.reduces:
-            image = x.transpose(1, 2).reshape(batch, channels, hw[0], hw[1])
-            reduced = self.act(self.norm(self.sr(self.pool(image)).flatten(2).transpose(1, 2)))
-        k, v = F.linear(reduced, weight[channels:], None if bias is None else bias[channels:]).chunk(2, dim=-1)
+        q, k, v, _ = self.queries_and_reduced_keys_values(x, hw, self.qkv.weight, self.qkv.bias)
         heads, head_dim = self.num_heads, self.head_dim
         out = F.scaled_dot_product_attention(  # scale 1 / sqrt(d), as the authors' qk_scale=None
             q.reshape(batch, tokens, heads, head_dim).transpose(1, 2),
