@@ -90,7 +90,7 @@ def _check_model(model, tmp_path, sizes, program_sizes) -> None:
 
 
 # Tracing costs about 10 s per block on a loaded 2-core machine: the default tier exports the cheaper families (and
-# linvit_nano through test_features_only_exports_every_feature_map and the README's command); FLatten-Swin (shifted
+# linvit_nano through the README's command; its features_only export is slow); FLatten-Swin (shifted
 # linear and softmax windows, ~110 s) and FLatten-PVT (~120 s) run in the slow tier with every registered model.
 DEFAULT_FAMILIES = ("pvt_v2", "cswin", "deit")
 FAMILIES = [f if f in DEFAULT_FAMILIES else pytest.param(f, marks=pytest.mark.slow) for f in SMALL]
@@ -102,6 +102,7 @@ def test_small_model_of_each_family_matches_onnxruntime_at_unseen_sizes(family, 
     _check_model(_model(name, kwargs), tmp_path, UNSEEN, UNSEEN[:1])
 
 
+@pytest.mark.slow  # linvit_nano's plain export runs in the default tier through the README's export command
 def test_features_only_exports_every_feature_map(tmp_path):
     model = _model("linvit_nano", {}, features_only=True)
     path = export_onnx(model, tmp_path / "features.onnx")

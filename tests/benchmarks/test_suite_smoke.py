@@ -16,6 +16,7 @@ def _records(out_dir) -> list[dict]:
     return json.loads((out_dir / "results.json").read_text())["records"]
 
 
+@pytest.mark.slow  # ~10 s; test_linvit_bench_writes_below_the_working_directory runs the suite in the default tier
 def test_operator_suite_runs_and_reports(tmp_path):
     # Worker processes are the slow part (one per memory case): forward only, three operators.
     ops = "authors_focused,sdpa_global,linvit_focused"

@@ -103,6 +103,7 @@ def test_two_train_py_started_together_get_their_own_run_directories(tmp_path):
     assert seeds == {1, 2}
 
 
+@pytest.mark.slow  # two train.py processes (~10 s); the in-process lock test runs in the default tier
 def test_a_second_train_py_with_the_same_run_name_is_refused(tmp_path):
     run_dir = tmp_path / "digits_test_resnet" / "busy"  # <data>_<model>
     holder = _hold_lock(run_dir)

@@ -118,7 +118,8 @@ if __name__ == "__main__":  # spawned workers import this file
 
 @pytest.mark.parametrize(
     "start_method",
-    ["fork", "spawn", pytest.param("forkserver", marks=pytest.mark.slow)],  # ~20 s per start method
+    # ~20 s per start method: fork in the default tier, the others slow
+    ["fork", pytest.param("spawn", marks=pytest.mark.slow), pytest.param("forkserver", marks=pytest.mark.slow)],
 )
 def test_sigterm_to_the_process_group_with_data_workers_saves(start_method, tmp_path):
     """What `timeout`, SLURM and most schedulers do: SIGTERM to every process of the job, the data workers too.
