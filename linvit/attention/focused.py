@@ -21,7 +21,7 @@ from linvit.attention._checks import to_pair
 from linvit.attention.feature_maps import KERNEL_NAMES, create_feature_map
 from linvit.attention.projected import ProjectedAttention
 from linvit.ops import FEATURE_MAPS
-from linvit.ops.linear_attention.attend import focused_linear_attention
+from linvit.ops.linear_attention.attend import MAPPED_FEATURE_MAPS, focused_linear_attention
 from linvit.ops.positional import resize_positional_table
 
 __all__ = ["FocusedLinearAttention", "POS_ENCODINGS"]
@@ -95,7 +95,7 @@ class FocusedLinearAttention(ProjectedAttention):
                 f"num_prefix_tokens={num_prefix_tokens} needs global attention (window_size=None): prefix tokens "
                 "belong to no window."
             )
-        if num_prefix_tokens and kernel in ("favor", "taylor"):
+        if num_prefix_tokens and kernel in MAPPED_FEATURE_MAPS:
             raise ValueError(
                 f"num_prefix_tokens={num_prefix_tokens} is not supported with kernel={kernel!r}; use one of "
                 f"{', '.join(FEATURE_MAPS)} (they run through linvit.ops, which handles prefix tokens)."

@@ -131,7 +131,7 @@ def focused_linear_attention(
             keys, position_conv_weight, position_conv_bias, padding=position_conv_weight.shape[-1] // 2, groups=channels
         ).permute(0, 2, 3, 1).reshape(qkv.shape[0], -1, channels)  # fmt: skip
 
-    if feature_map == "favor" or feature_map == "taylor":
+    if feature_map == "favor" or feature_map == "taylor":  # MAPPED_FEATURE_MAPS (TorchScript reads no global tuple)
         out = _mapped_attention(
             qkv, grid, num_heads, feature_map, random_features, key_position, dwc_weight, dwc_bias, key_mask, eps
         )
