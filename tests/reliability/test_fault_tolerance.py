@@ -241,6 +241,7 @@ import json, sys, torch
 from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 from linvit.train.modules.fault_tolerance import NonFiniteLossGuard
+from linvit.train.runs.run import leave_process_group
 
 
 class Model(LightningModule):
@@ -268,6 +269,7 @@ trainer = Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=4, log
 trainer.fit(model, loader)
 with open(f"{sys.argv[1]}/rank{trainer.global_rank}.json", "w") as file:
     json.dump({"skipped": guard.skipped_steps, "weight": model.layer.weight.flatten().tolist()}, file)
+leave_process_group()  # as train.py does: a gloo group left to the interpreter's exit can abort it
 """
 
 

@@ -234,7 +234,23 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     check_config_types(cfg)
     output_dir = Path(str(cfg.paths.output_dir))
     with run_directory_lock(output_dir) if is_first_process() else contextlib.nullcontext():
-        return _fit_test_export(cfg, callbacks)
+        try:
+            return _fit_test_export(cfg, callbacks)
+        finally:
+            leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Destroy the process group a DDP run joined, if any.
+
+    Lightning destroys only NCCL groups at exit. A gloo group (DDP on the CPU) left to the interpreter's shutdown can
+    abort the process as it exits ("terminate called without an active exception", exit status -6) after a run
+    that succeeded.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, float]:
