@@ -29,6 +29,7 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _PTX_LABEL = re.compile(r"^(\$L__BB\d+_\d+):")
+_PTX_LOAD = re.compile(r"\bld\.global|\bcp\.async\.c[ag]\b")
 _PTX_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);")
 
 
@@ -80,7 +81,8 @@ def _global_loads(opcodes: list[str]) -> int:
 
 
 def ptx_loop_loads(ptx: str) -> list[int]:
-    """Global loads in the body of each PTX loop (back-edge), in order."""
+    """Global loads in the body of each PTX loop (back-edge), in order: ``ld.global`` and the asynchronous copies
+    (``cp.async.ca``/``cp.async.cg``) that software pipelining turns them into, as SASS's LDG and LDGSTS."""
     lines = ptx.splitlines()
     labels = {}
     for index, line in enumerate(lines):
@@ -92,7 +94,7 @@ def ptx_loop_loads(ptx: str) -> list[int]:
         match = _PTX_BRANCH.search(line)
         if match and labels.get(match.group(1), index + 1) < index:
             body = lines[labels[match.group(1)] : index]
-            loads.append((labels[match.group(1)], sum("ld.global" in body_line for body_line in body)))
+            loads.append((labels[match.group(1)], sum(_PTX_LOAD.search(body_line) is not None for body_line in body)))
     return [count for _, count in sorted(loads)]
 
 

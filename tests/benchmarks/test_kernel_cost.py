@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from linvit.bench.kernel_cost import dynamic_count, find_loops, parse_sass, resident_programs
+from linvit.bench.kernel_cost import dynamic_count, find_loops, parse_sass, ptx_loop_loads, resident_programs
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
@@ -58,6 +58,27 @@ def test_counter_divides_an_unrolled_body_by_its_unroll_factor():
     loops[0].unroll = 2
     total, by_opcode = dynamic_count(instructions, loops, (10,))
     assert by_opcode["LDG"] == 5
+
+
+# A software-pipelined PTX loop (num_stages > 1): one plain global load and two asynchronous copies (SASS LDG and
+# 2 LDGSTS), plus the copies' bookkeeping, which loads nothing.
+PIPELINED_PTX = """
+$L__BB0_2:
+	ld.global.b32 	{ %r5 }, [ %rd4 + 0 ];
+	cp.async.cg.shared.global [ %r6 + 0 ], [ %rd5 + 0 ], 0x10, %r7;
+	cp.async.ca.shared.global [ %r8 + 0 ], [ %rd6 + 0 ], 0x8, %r7;
+	cp.async.commit_group;
+	cp.async.wait_group 	1;
+	add.s32 	%r1, %r1, 1;
+	setp.lt.s32 	%p1, %r1, %r2;
+	@%p1 bra 	$L__BB0_2;
+"""
+
+
+def test_ptx_loads_count_the_asynchronous_copies_of_a_pipelined_loop():
+    """The unrolling check compares a SASS loop's LDG + LDGSTS with its PTX loop's loads: counting only ld.global
+    there read a pipelined loop (1 against 3) as unrolled 3 times and weighted its body by a third."""
+    assert ptx_loop_loads(PIPELINED_PTX) == [3]
 
 
 def test_resident_programs_follow_registers_warps_and_shared_memory():

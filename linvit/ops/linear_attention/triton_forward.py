@@ -10,8 +10,9 @@ that one program walks, and the number of chunks is chosen so that the programs 
 - ``state_kernel``: the partial S = Σ φ(k) vᵀ (H × D × D, one batched tensor-core product per tile with fp32
   accumulation), z = Σ φ(k) and the number of kept keys of one chunk;
 - ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
-  number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (numerator and normaliser both from tensor-core
-  products) plus the depthwise conv of v, each tap gathered once for all C channels, written as (B, N, C).
+  number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (the numerator a tensor-core product, the
+  normaliser an fp32 sum) plus the depthwise conv of v (`triton_tiles.depthwise_conv`: each tap gathered once for
+  all C channels, and for 16-bit inputs multiplied on the tensor cores), written as (B, N, C).
 
 Every kernel (here and in `triton_backward.py`) lists its parameters by kind, a line or two each: tensors, run-time
 scalars, compile-time constants.
@@ -70,7 +71,8 @@ def output_kernel(
     feature_eps, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
+    TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
     b = tl.program_id(0)
@@ -82,7 +84,6 @@ def output_kernel(
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
-    z_columns = tiles.broadcast_columns(z, D_PAD)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
@@ -94,19 +95,13 @@ def output_kernel(
         x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
-        den = tl.dot(phi, z_columns, input_precision=DOT_PRECISION) + eps
-        out = num / den
+        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
+        out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
-            for tap in tl.static_range(K * K):
-                neighbours, neighbour_ok = tiles.neighbour_rows(
-                    rows, row_ok, prefix, grid_h, grid_w, tap // K - K // 2, tap % K - K // 2
-                )
-                neighbour_ok = tiles.unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-                value = tiles.load_tile(
-                    v_base, neighbours, neighbour_ok[None, :, None] & channel_ok, stride_n, channels
-                )
-                weight = tiles.tap_weight(w_ptr, dims, tap, D, K)
-                out = tl.fma(value, weight, out)
+            out += tiles.depthwise_conv(
+                v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
+                H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False,
+            )  # fmt: skip
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
         tl.store(out_base + rows[None, :, None] * out_stride_n + channels, out, mask=ok)

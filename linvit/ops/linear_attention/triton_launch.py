@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
@@ -87,6 +88,16 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
         "DOT_PRECISION": "tf32" if half and not interpreting() else "ieee",
     }
+
+
+def tap_products(dtype: torch.dtype) -> dict:
+    """How the forward's DWC multiplies: 16-bit inputs on the tensor cores (each tap a product with a diagonal
+    weight matrix in the input's dtype, the weights rounded to it as autocast rounds them, fp32 accumulation); fp32
+    inputs with fp32 multiply-adds. The interpreter takes the tensor-core path in fp32 (numpy has no bf16 product):
+    the same addressing and sums, the weights unrounded."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    tap_dtype = tl.float32 if interpreting() else {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(dtype)
+    return {"TENSOR_TAPS": half, "TAP_DTYPE": tap_dtype or tl.float32}
 
 
 @functools.cache
@@ -213,6 +224,7 @@ def forward_plan(
             "K": kernel_size,
             "HAS_DWC": dwc_weight is not None,
             "HAS_BIAS": dwc_bias is not None,
+            **tap_products(qkv.dtype),
         },
         lambda block: (chunks, trips(block)),
     )
@@ -314,6 +326,7 @@ def backward_plan(
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
             "HAS_DWC": dwc_weight is not None,
+            **tap_products(qkv.dtype),
         },
         lambda block: (chunks, trips(block)),
     )

@@ -56,12 +56,6 @@ def unmasked(keep, mask_base, rows, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def tap_weight(w_ptr, dims, tap, D: tl.constexpr, K: tl.constexpr):
-    """The DWC weight of one tap for the channels ``dims`` of a head (the kernel shared by the heads), in fp32."""
-    return tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def load_tile(base, rows, ok, stride_n, channels):
     """x[rows, channels] of a (H_PAD, BLOCK_N, D_PAD) tile in fp32, zero where not ``ok``."""
     return tl.load(base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0).to(tl.float32)
@@ -213,13 +207,6 @@ def store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_PA
 
 
 @triton.jit
-def broadcast_columns(z, D_PAD: tl.constexpr):
-    """(H_PAD, D_PAD) z -> (H_PAD, D_PAD, D_PAD) with every column equal to z: x @ it gives x·z in every column, so
-    the normaliser comes out of a tensor-core product already broadcast over the channels."""
-    return z[:, :, None] + tl.zeros([1, 1, D_PAD], tl.float32)
-
-
-@triton.jit
 def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
     """Rows of the tokens at (y + dy, x + dx) of each token of a tile, and whether that is a token of the map."""
     spatial = rows - prefix
@@ -229,3 +216,50 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
     nx = xx + dx
     ok = row_ok & (spatial >= 0) & (ny >= 0) & (ny < grid_h) & (nx >= 0) & (nx < grid_w)
     return prefix + ny * grid_w + nx, ok
+
+
+@triton.jit
+def depthwise_conv(base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
+                   H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+                   TRANSPOSED: tl.constexpr):  # fmt: skip
+    """The depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at ``base``
+    for the tokens row0 … row0 + BLOCK_N of a tile, (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
+    transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
+    masked tokens count as zeros. Each tap is gathered once for all C channels.
+
+    ``TENSOR_TAPS`` (16-bit inputs): each tap is one tensor-core product, the gathered rows of every head as one
+    (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
+    fp32 accumulation. The products are 32× more than the conv needs, but the tensor cores take them at a few
+    instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA per element
+    (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32 multiply-adds."""
+    if TENSOR_TAPS:
+        flat = tl.arange(0, H_PAD * BLOCK_N)
+        rows = (row0 + flat % BLOCK_N)[:, None]  # flat row h·BLOCK_N + i: token i of the tile in head h
+        heads = (flat // BLOCK_N)[:, None]
+        dims = tl.arange(0, D_PAD)[None, :]
+        channels = heads * D + dims
+        channel_ok = (heads < H) & (dims < D)
+        diagonal = tl.arange(0, D_PAD)[:, None] == dims
+        conv = tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
+    else:
+        rows = row0 + tl.arange(0, BLOCK_N)[None, :, None]
+        channels, channel_ok = tile_channels(H, D, H_PAD, D_PAD)
+        dims = tl.arange(0, D_PAD)[None, None, :]
+        conv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    for tap in tl.static_range(K * K):
+        dy = tap // K - K // 2
+        dx = tap % K - K // 2
+        if TRANSPOSED:
+            dy, dx = -dy, -dx
+        neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx)
+        neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
+        value = tl.load(base + neighbours * stride_n + channels, mask=neighbour_ok & channel_ok, other=0.0)
+        weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0)
+        if TENSOR_TAPS:
+            conv = tl.dot(value.to(TAP_DTYPE), tl.where(diagonal, weight, 0.0).to(TAP_DTYPE), conv)
+        else:
+            conv = tl.fma(value.to(tl.float32), weight.to(tl.float32), conv)
+    if TENSOR_TAPS:
+        conv = tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
+    return conv
