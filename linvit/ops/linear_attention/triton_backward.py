@@ -59,8 +59,8 @@ def query_grad_kernel(
         g = tiles.load_tile(do_base, rows, ok, do_stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
         num = tl.dot(phi, s, input_precision=DOT_PRECISION)
-        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # (a z-column product, as in the forward, holds 32 more
-        dnum = g / den[:, :, None]  # registers per thread and spills here)
+        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
+        dnum = g / den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) / den
         dphi = tl.dot(dnum, s_t, input_precision=DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
