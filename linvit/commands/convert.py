@@ -5,6 +5,14 @@ EMA) weights, applies the model family's ``checkpoint_filter_fn`` (key mapping, 
 the model strictly, and writes DST (``.safetensors``, or a plain state dict for ``.pth``/``.pt``/``.bin``). Load it with
 ``timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=DST))``.
 
+A DST that is a folder (an existing one, a path ending in ``/``, or a path without one of those suffixes) gets the
+layout of timm's ``local-dir:`` source: ``DST/model.safetensors`` (the same tensors and metadata as a ``.safetensors``
+DST) and ``DST/config.json`` in timm's hub format (``architecture``, ``num_classes``, ``num_features``, the model's
+``pretrained_cfg`` at the size it is built at, and ``model_args``: the creation arguments below). It loads with
+``timm.create_model("local-dir:DST", pretrained=True)``, no other argument; ``linvit predict`` / ``linvit export``
+take the folder as ``--checkpoint``. A folder that holds files is refused without ``--force`` (which replaces those
+two files and leaves the others).
+
 Without ``--model`` the model is inferred: every registered linvit model whose family filter maps SRC onto it exactly
 is a candidate, and the one whose tensors need the least resizing wins (ties are an error listing the candidates).
 A classifier for another class count (or none) and a stem for other input channels fit too: the model is then
@@ -17,15 +25,17 @@ training size (``img_size``: the smallest square size at which every positional 
 embedding of the model has the checkpoint's own shape). Tables are resized only when ``--img-size`` asks for another
 size, or when no size fits them as they are (both said on stderr). Options no shape determines come from
 ``--model-kwargs``; what the user passes always wins over what is inferred. Everything is recorded in the
-safetensors metadata (``model_args``) and in the printed load line.
+safetensors metadata (``model_args``), in a folder's ``config.json``, and in the printed load line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from linvit.commands._checkpoint_fit import Misfit, family_filter, infer_creation, reduction_options
@@ -34,10 +44,33 @@ HELP = "Convert a foreign checkpoint (e.g. the FLatten authors' .pth) into linvi
 
 _MODEL_PATTERNS = ("flatten_*", "linvit_*")
 
+WEIGHTS_NAME = "model.safetensors"  # the names timm's local-dir source reads first
+CONFIG_NAME = "config.json"
+_FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+# pretrained_cfg fields that name the registry's weights (their source, their tag): the folder is their source now
+# (timm's local-dir source sets `file` and `source` to it)
+_CFG_SOURCES = ("url", "file", "hf_hub_id", "hf_hub_filename", "source", "state_dict", "tag")
+_CFG_KEEP_NULL = ("pool_size", "first_conv", "classifier")
+
+
+def is_folder_destination(dst: str | os.PathLike) -> bool:
+    """Whether DST names a folder: an existing one, a path ending in a separator, or one without a weight file's
+    suffix (``.safetensors``, ``.pth``, ``.pt``, ``.bin``)."""
+    text = os.fspath(dst)
+    if os.path.isdir(text) or text.endswith(("/", os.sep)):
+        return True
+    return Path(text).suffix.lower() not in _FILE_SUFFIXES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", metavar="SRC", help="checkpoint to read (.pth/.pt/.bin/.safetensors)")
-    parser.add_argument("dst", metavar="DST", help="file to write (.safetensors; .pth/.pt/.bin for a torch state dict)")
+    parser.add_argument(
+        "dst",
+        metavar="DST",
+        help="file to write (.safetensors; .pth/.pt/.bin for a torch state dict), or a folder (an existing one, a "
+        "path ending in / or without those suffixes) to get model.safetensors + timm's config.json in it, which "
+        "loads with timm.create_model('local-dir:DST', pretrained=True)",
+    )
     parser.add_argument(
         "--model", default=None, help="timm model name (e.g. flatten_swin_tiny_patch4_224); inferred if omitted"
     )
@@ -66,7 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         """'{"depths": [2, 2, 2, 2]}'; options the weights' shapes fix (la_sr_ratios, linear, la_split_size) are """
         "inferred unless given here; all are recorded with the weights and in the printed load line",
     )
-    parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite DST if it exists (a folder: its model.safetensors and config.json; other files stay)",
+    )
 
 
 def _kwargs_text(model_args: dict[str, Any]) -> str:
@@ -199,6 +236,58 @@ def _what_they_fit(state_dict: dict[str, Any]) -> str:
     return f"They fit {name}{created}: pass --model {name}, or leave --model out to infer it."
 
 
+def hub_config(model_name: str, model_args: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` in timm's hub format for ``model_name`` created with ``model_args``: ``architecture``,
+    ``num_classes``, ``num_features``, ``model_args`` and the model's ``pretrained_cfg`` as it is built (its
+    ``input_size`` the size it is built at, ``num_classes`` its classifier's width, no weight source: the folder is
+    it). timm's ``local-dir:`` source reads it back, passing ``model_args`` to the model's creation."""
+    import timm
+
+    import linvit.models  # noqa: F401  (registers the families)
+
+    model = timm.create_model(model_name, pretrained=False, device="meta", **model_args)
+    default = timm.models.get_pretrained_cfg(model_name)
+    default_size = tuple(default.input_size) if default is not None else None
+    cfg = {
+        key: value
+        for key, value in dict(model.pretrained_cfg).items()
+        if key not in _CFG_SOURCES and (value is not None or key in _CFG_KEEP_NULL)
+    }
+    architecture = cfg.pop("architecture", model_name)
+    in_chans = int(getattr(model, "in_chans", model_args.get("in_chans", cfg.get("input_size", (3,))[0])))
+    size = model_args.get("img_size")
+    if size is None:
+        spatial = tuple(cfg.get("input_size", (3, 224, 224)))[1:]
+    else:
+        spatial = (size, size) if isinstance(size, int) else tuple(size)
+    cfg["input_size"] = (in_chans, *spatial)
+    if default_size is not None and tuple(cfg["input_size"][1:]) != default_size[1:]:
+        cfg["pool_size"] = None  # the default's pooled map does not apply at another size
+        cfg.pop("test_input_size", None)
+    if "min_input_size" in cfg:
+        cfg["min_input_size"] = (in_chans, *tuple(cfg["min_input_size"])[1:])
+    cfg["custom_load"] = False  # the folder holds linvit's own layout, which timm's loader reads as it is
+    if cfg.get("num_classes") != model.num_classes:  # another classifier: the default's labels do not apply
+        for key in ("label_names", "label_descriptions", "label_offset"):
+            cfg.pop(key, None)
+    cfg["num_classes"] = model.num_classes
+    return {
+        "architecture": architecture,
+        "num_classes": model.num_classes,
+        "num_features": int(model.num_features),
+        "pretrained_cfg": _json_ready(cfg),
+        "model_args": _json_ready(model_args),
+    }
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(key): _json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(item) for item in value]
+    return value
+
+
 def convert_checkpoint(
     src: str,
     dst: str,
@@ -211,7 +300,8 @@ def convert_checkpoint(
 
     ``creation`` (e.g. ``img_size`` and options) is kept as given; the options and training size the weights
     determine are added (`infer_creation`), then ``num_classes`` / ``in_chans`` where the weights differ from the
-    defaults. All of them are recorded in a safetensors file's metadata (``model_args``)."""
+    defaults. All of them are recorded in a safetensors file's metadata (``model_args``), and in the ``config.json``
+    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
@@ -231,7 +321,8 @@ def convert_checkpoint(
             raise ValueError(f"{misfit}. {_what_they_fit(state_dict)}") from None
         conversion = Conversion(model_name, model_args, inferred, resized)
     tensors = {k: v.detach().contiguous().clone() for k, v in filtered.items()}
-    if dst.endswith(".safetensors"):
+    folder = is_folder_destination(dst)
+    if folder or str(dst).endswith(".safetensors"):
         from safetensors.torch import save_file
 
         metadata = {"format": "pt", "model": model_name, "converted_from": str(src)}
@@ -239,16 +330,51 @@ def convert_checkpoint(
             metadata["model_args"] = json.dumps(conversion.model_args)
         if conversion.inferred:
             metadata["inferred_model_args"] = json.dumps(conversion.inferred)
-        save_file(tensors, dst, metadata=metadata)
+        if not folder:
+            save_file(tensors, str(dst), metadata=metadata)
+            return conversion
+        config = hub_config(model_name, conversion.model_args)
+        out = Path(dst)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_replacing(out / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata))
+        text = json.dumps(config, indent=2) + "\n"
+        _write_replacing(out / CONFIG_NAME, lambda path: path.write_text(text))
     else:
         torch.save(tensors, dst)
     return conversion
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
+def _write_replacing(path: Path, write) -> None:
+    """Write ``path`` through a temporary file beside it: a failed write leaves no half file under its name."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
-    if os.path.exists(args.dst) and not args.force:
+
+def _folder_refusal(dst: str) -> str | None:
+    """Why a folder DST cannot be written without --force (it holds files), or cannot be written at all."""
+    path = Path(dst)
+    if path.exists() and not path.is_dir():
+        return f"{dst} is a file, not a folder; name a new folder, or a .safetensors/.pth file to write one file."
+    if path.is_dir() and any(path.iterdir()):
+        return (
+            f"the folder {dst} is not empty; pass --force to replace its {WEIGHTS_NAME} and {CONFIG_NAME} (other "
+            "files stay), or name a new folder."
+        )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    folder = is_folder_destination(args.dst)
+    if folder:
+        refusal = _folder_refusal(args.dst)
+        if refusal is not None and (not args.force or not Path(args.dst).is_dir()):
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
+    elif os.path.exists(args.dst) and not args.force:
         print(f"error: {args.dst} exists; pass --force to overwrite it.", file=sys.stderr)
         return 2
     try:
@@ -261,7 +387,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     name, model_args = conversion.model, conversion.model_args
     created_with = f" with {_kwargs_text(model_args)}" if model_args else ""
-    print(f"wrote {args.dst} for {name}{created_with}")
+    if folder:
+        written = f"{os.path.join(args.dst, WEIGHTS_NAME)} and {os.path.join(args.dst, CONFIG_NAME)}"
+        print(f"wrote {written} for {name}{created_with}")
+    else:
+        print(f"wrote {args.dst} for {name}{created_with}")
     if conversion.inferred:
         inferred = _kwargs_text({key: model_args[key] for key in conversion.inferred})
         print(f"inferred from the weights' shapes: {inferred} (pass --img-size / --model-kwargs to choose otherwise)")
@@ -277,6 +407,9 @@ def run(args: argparse.Namespace) -> int:
             "input size fits them as they are; pass --img-size with the checkpoint's training size to keep them",
             file=sys.stderr,
         )
+    if folder:  # config.json names the model and its creation arguments
+        print(f"load it with: timm.create_model({'local-dir:' + args.dst!r}, pretrained=True)")
+        return 0
     extra = f"{_kwargs_text(model_args)}, " if model_args else ""
     print(
         f"load it with: timm.create_model('{name}', pretrained=True, {extra}"

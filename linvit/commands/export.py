@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         default=None,
         help="with a run: which checkpoint, best or last (default best); with --model: a weights file "
-        "(.safetensors / .pth / .pt; a config.json beside it supplies num_classes and model arguments)",
+        "(.safetensors / .pth / .pt; a config.json beside it supplies num_classes and model arguments), or a folder "
+        "holding model.safetensors + config.json (e.g. from `linvit convert SRC FOLDER`)",
     )
     parser.add_argument("--ema", action="store_true", help="export the EMA weights of a run instead of the raw ones")
     parser.add_argument(
@@ -164,11 +165,11 @@ def _model_from_name(args: argparse.Namespace):
     import timm
 
     import linvit.models  # noqa: F401  (registers linvit's families)
-    from linvit.commands.predict import build_model, read_side_config
+    from linvit.commands.predict import build_model, read_side_config, weights_path
 
     if not timm.is_model(args.model):
         raise ValueError(f"unknown model {args.model!r}; list linvit's models with `linvit models`")
-    checkpoint = args.checkpoint
+    checkpoint = weights_path(args.checkpoint) if args.checkpoint is not None else None
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
     side_config = read_side_config(checkpoint, args.trusted) if checkpoint else {}

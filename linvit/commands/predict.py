@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",
         default=None,
-        help="weights (.safetensors / .pth / .pt); a config.json beside them (from `linvit export`) supplies "
+        help="weights (.safetensors / .pth / .pt), or a folder holding model.safetensors + config.json (from `linvit "
+        "export` or `linvit convert SRC FOLDER`); a config.json beside the weights supplies "
         "num_classes, model arguments, preprocessing and label names; without one, the model arguments `linvit "
         "convert` recorded in a .safetensors file (its training size and options) are used",
     )
@@ -42,6 +43,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint facts
+def weights_path(checkpoint: str | Path) -> str:
+    """The weights a ``--checkpoint`` names: a file as it is; a folder (``linvit convert SRC FOLDER``, ``linvit
+    export``) by its ``model.safetensors``, whose ``config.json`` beside it :func:`read_side_config` then reads.
+    FileNotFoundError for a folder without one."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        return str(checkpoint)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"checkpoint folder {str(checkpoint)!r} holds no model.safetensors (a folder from `linvit convert` or "
+            "`linvit export` does); pass the weights file itself"
+        )
+    return str(weights)
+
+
 def read_side_config(checkpoint: str | Path, trusted: bool = False) -> dict[str, Any]:
     """``config.json`` beside the weights (timm hub format); else the creation arguments ``linvit convert`` recorded
     in a safetensors file's metadata (``model_args``: the training size and options of a converted checkpoint), as
@@ -234,6 +251,8 @@ def predict(
 
     if not Path(image).is_file():
         raise FileNotFoundError(f"image {image!r} does not exist")
+    if checkpoint is not None:
+        checkpoint = weights_path(checkpoint)
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
     side_config = read_side_config(checkpoint, trusted) if checkpoint else {}

@@ -337,3 +337,108 @@ def test_published_swin_tiny_at_448_round_trips_without_model(tmp_path, yacs_mod
     reference = RefFLattenSwin(448, 96, (2, 2, 6, 2), (3, 6, 12, 24), linear_window=56, window=7, num_classes=1000)
     name, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 448)
     assert name == "flatten_swin_tiny_patch4_224" and model_args == {"img_size": 448}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a folder DST: model.safetensors + timm's config.json, loaded by timm's local-dir source with no other argument
+# ----------------------------------------------------------------------------------------------------------------
+def test_convert_to_a_folder_loads_with_local_dir(tmp_path, yacs_module, capsys):
+    """The small FLatten-Swin trained at 256 (authors' layout) converted into a folder: config.json names the model
+    and every creation argument (the inferred size and class count among them), and
+    ``timm.create_model('local-dir:' + folder, pretrained=True)`` (also as the printed line) builds it with them and
+    loads the weights through the family's filter unchanged: the authors' outputs, as the converted .pth gives."""
+    from _authors_swin import RefFLattenSwin
+    from safetensors import safe_open
+
+    reference = _seeded(RefFLattenSwin(256, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10))
+    src, folder = tmp_path / "authors.pth", tmp_path / "converted"
+    _authors_file(src, reference.state_dict())
+    name = "flatten_swin_tiny_patch4_224"
+    kwargs = {**SWIN_SMALL, "window_size": 4}
+    assert main(["convert", str(src), str(folder), "--model", name, "--model-kwargs", json.dumps(kwargs)]) == 0
+    captured = capsys.readouterr()
+    assert "resized" not in captured.err, captured.err
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    model_args = {**kwargs, "img_size": 256, "num_classes": 10}
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architecture"] == name and config["model_args"] == model_args
+    assert config["num_classes"] == 10 and config["num_features"] == 128
+    cfg = config["pretrained_cfg"]
+    assert cfg["input_size"] == [3, 256, 256] and cfg["num_classes"] == 10 and cfg["pool_size"] is None
+    assert not {"file", "url", "hf_hub_id", "source", "architecture"} & set(cfg), cfg
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:  # as a .safetensors DST's
+        metadata = handle.metadata()
+    assert metadata["model"] == name and json.loads(metadata["model_args"]) == model_args
+
+    load_line = next(line for line in captured.out.splitlines() if line.startswith("load it with: "))
+    assert load_line == f"load it with: timm.create_model('local-dir:{folder}', pretrained=True)", load_line
+    from_line = eval(load_line.removeprefix("load it with: "), {"timm": timm}).eval()  # the line as printed
+    local = timm.create_model("local-dir:" + str(folder), pretrained=True).eval()
+    direct = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(src)}, **model_args).eval()
+    assert tuple(local.pretrained_cfg["input_size"]) == (3, 256, 256)
+    for key, value in direct.state_dict().items():  # the filter passed the converted weights through as they are
+        torch.testing.assert_close(local.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    x = torch.randn(1, 3, 256, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference.double()(x)
+        outputs = [model.double()(x) for model in (local, from_line, direct)]
+    assert expected.abs().max() > 0.1
+    for output in outputs:
+        assert (output - outputs[-1]).abs().max() <= 1e-6
+        assert (output - expected).abs().max() <= 1e-6
+
+
+def test_convert_folder_refusals_and_force(tmp_path, capsys):
+    """A folder that holds files is refused without --force (and a file where a folder is named, even with it);
+    --force replaces model.safetensors and config.json and leaves the rest; an empty folder, or a path ending in
+    '/', is written without it. predict and export take the folder as --checkpoint."""
+    import numpy as np
+    from PIL import Image
+
+    torch.manual_seed(0)
+    state = timm.create_model("linvit_nano", num_classes=10).state_dict()  # initialised: it computes finite outputs
+    src = tmp_path / "trained.pth"
+    torch.save(state, src)
+    folder = tmp_path / "weights.v1"  # a suffix that is not a weight file's: a folder
+    folder.mkdir()
+    (folder / "README.md").write_text("mine\n")
+    assert main(["convert", str(src), str(folder), "--model", "linvit_nano"]) == 2
+    err = capsys.readouterr().err
+    assert "not empty" in err and "--force" in err and str(folder) in err, err
+    assert main(["convert", str(src), str(folder), "--model", "linvit_nano", "--force"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert (folder / "README.md").read_text() == "mine\n"
+    assert json.loads((folder / "config.json").read_text())["model_args"] == {"num_classes": 10}
+
+    empty = tmp_path / "empty.safetensors"  # an existing folder, whatever its name
+    empty.mkdir()
+    assert main(["convert", str(src), str(empty), "--model", "linvit_nano"]) == 0
+    assert (empty / "model.safetensors").is_file() and (empty / "config.json").is_file()
+    trailing = str(tmp_path / "new" / "nested") + "/"
+    assert main(["convert", str(src), trailing, "--model", "linvit_nano"]) == 0
+    out = capsys.readouterr().out
+    assert f"timm.create_model('local-dir:{trailing}', pretrained=True)" in out, out
+    model = timm.create_model("local-dir:" + trailing, pretrained=True)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+
+    afile = tmp_path / "plainfile"
+    afile.write_text("x")
+    for extra in ([], ["--force"]):
+        assert main(["convert", str(src), str(afile), "--model", "linvit_nano", *extra]) == 2
+        assert "is a file, not a folder" in capsys.readouterr().err
+    assert afile.read_text() == "x"
+
+    image = tmp_path / "photo.png"
+    Image.fromarray((np.random.default_rng(0).random((40, 30, 3)) * 255).astype("uint8")).save(image)
+    assert main(["predict", str(image), "--model", "linvit_nano", "--checkpoint", str(folder), "--topk", "3"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["predict", str(image), "--model", "linvit_nano", "--checkpoint", str(tmp_path / "new")]) == 1
+    assert "holds no model.safetensors" in capsys.readouterr().err
+    from linvit.commands.export import _model_from_name  # export --model NAME --checkpoint FOLDER builds this
+
+    options = {"trusted": False, "num_classes": None, "features_only": False}
+    exported, source = _model_from_name(types.SimpleNamespace(model="linvit_nano", checkpoint=str(folder), **options))
+    assert exported.num_classes == 10 and source.endswith("model.safetensors)"), source
+    torch.testing.assert_close(exported.head.fc.weight, state["head.fc.weight"], rtol=0, atol=0)

@@ -52,6 +52,7 @@ SHELL_PLANS: dict[str, Plan] = {
     'pip install -e ".[dev]" && pytest': Plan(why_not="CI's own command (.ci/run): pytest inside pytest"),
     # The authors' checkpoints
     "linvit convert flatten_swin_t.pth flatten_swin_t.safetensors": Plan(default="whole", slow="whole"),
+    "linvit convert flatten_swin_t.pth flatten_swin_t/": Plan(default="whole", slow="whole"),
     # Training / Configs
     "python train.py experiment=fashion_mnist_linvit_nano": Plan(
         slow="short", needs="/usr/share/datasets/fashion-mnist", why_not="18 min whole; 60k images to load"
@@ -316,6 +317,8 @@ def _check(command: str, mode: str, code: int, out: str, err: str, workdir: Path
     if command == "linvit train --config-dir my_configs experiment=my_experiment":
         run_dir = _newest_run(workdir / "outputs" / "digits_linvit_nano")
         assert "img_size: 24" in (run_dir / "config.yaml").read_text()
+    if command == "linvit convert flatten_swin_t.pth flatten_swin_t/":
+        _check_the_converted_folder(workdir, out)
     if command.endswith("--json"):
         import json
 
@@ -324,6 +327,27 @@ def _check(command: str, mode: str, code: int, out: str, err: str, workdir: Path
         _check_the_printed_result(out + err)
     if command == "python train.py experiment=seg_synthetic_linvit_nano" and mode == "whole":
         _check_the_segmentation_result(out + err)
+
+
+def _check_the_converted_folder(workdir: Path, out: str) -> None:
+    """The folder loads through timm's local-dir source with the load line convert printed, run in ``workdir``."""
+    import json
+
+    import timm
+    import torch
+
+    config = json.loads((workdir / "flatten_swin_t" / "config.json").read_text())
+    assert config["architecture"] == "flatten_swin_tiny_patch4_224", config
+    line = next(line for line in out.splitlines() if line.startswith("load it with: "))
+    assert line == "load it with: timm.create_model('local-dir:flatten_swin_t/', pretrained=True)", line
+    previous = os.getcwd()
+    os.chdir(workdir)
+    try:
+        model = eval(line.removeprefix("load it with: "), {"timm": timm})
+    finally:
+        os.chdir(previous)
+    saved = torch.load(workdir / "flatten_swin_t.pth", weights_only=True)["model"]
+    torch.testing.assert_close(model.head.weight, saved["head.weight"], rtol=0, atol=0)
 
 
 def _run_directory_files() -> list[str]:
