@@ -1,7 +1,8 @@
 """Fitting a checkpoint's weights to a registered model, and what their shapes determine of its creation arguments:
 the family filter applied, the classifier and stem read from the weights, positional and stripe tables resized only
 when asked (`fit_checkpoint`), the options the shapes fix (PVT/PVTv2 ``la_sr_ratios`` and ``linear``, CSwin
-``la_split_size``) and the training size (`infer_creation`). Used by ``linvit convert``.
+``la_split_size``, and those a family filter's advice names: ``attn_layers``, ``sr_ratios``, ``ape``) and the
+training size (`infer_creation`). Used by ``linvit convert``.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def _stage_of(match: re.Match) -> int:
 
 
 def reduction_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """PVT/PVTv2: ``la_sr_ratios`` (the s of each stage's s x s, stride-s ``attn.sr`` convolution) or ``linear=True``
-    (a 1x1 ``attn.sr``: PVTv2-Li's pooled reduction), read from the weights; {} for other families and for weights
+    """PVT/PVTv2: ``la_sr_ratios`` (the s of each focused stage's s x s, stride-s ``attn.sr`` convolution) or
+    ``linear=True`` (a 1x1 ``attn.sr``: PVTv2-Li's pooled reduction), read from the weights; {} for other families and for weights
     without a reduction (the defaults)."""
     ratios_now = getattr(model, "la_sr_ratios", None)
     if ratios_now is None:
@@ -134,7 +135,8 @@ def reduction_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
     linear = False
     for key, value in state_dict.items():
         match = _REDUCTION_KEY.match(key)
-        if match and getattr(value, "ndim", 0) == 4 and 0 <= _stage_of(match) < len(ratios):
+        focused = key.removesuffix("sr.weight") + "scale" in state_dict  # else PVT's softmax (S): sr_ratios
+        if match and focused and getattr(value, "ndim", 0) == 4 and 0 <= _stage_of(match) < len(ratios):
             if value.shape[-1] == 1:
                 linear = True
             else:
@@ -215,13 +217,18 @@ def _table_tokens(state: dict[str, Any]) -> set[int]:
     }
 
 
+_ADVICE_ROUNDS = 4  # a filter's advice names every option it sees differ; a few rounds settle what follows from them
+
+
 def infer_creation(
     name: str, state_dict: dict[str, Any], creation: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], int, dict[str, Any], list[str]]:
     """The weights for model ``name`` and the creation arguments that keep everything in them.
 
     ``creation`` (the user's ``img_size`` and ``--model-kwargs``) is kept as given. To it are added the options the
-    weights' shapes determine (``la_sr_ratios`` / ``linear`` / ``la_split_size``) and, without a given ``img_size``,
+    weights' shapes determine (``la_sr_ratios`` / ``linear`` / ``la_split_size``, and what a family filter's
+    `CreationOptionsError` names: the attention per stage ``attn_layers``, PVT's ``sr_ratios``, Swin's ``ape``)
+    and, without a given ``img_size``,
     the training size: the default first, then the square sizes the tables suggest (`_size_candidates`), until one
     fits every table as it is. When none does, the tables are resized to the default size (the count says so).
 
@@ -231,6 +238,8 @@ def infer_creation(
     """
     import timm
 
+    from linvit.models._family import CreationOptionsError
+
     given = dict(creation or {})
     default = timm.create_model(name, pretrained=False, device="meta", **given)
     options = {key: value for key, value in reduction_options(default, state_dict).items() if key not in given}
@@ -239,11 +248,21 @@ def infer_creation(
         default = timm.create_model(name, pretrained=False, device="meta", **base)
 
     def attempt(args: dict[str, Any], model: Any) -> tuple[dict[str, Any], int, dict[str, Any], list[str]]:
-        stripes = {} if "la_split_size" in given else _stripe_options(model, state_dict)
-        args = {**args, **stripes}
-        filtered, resized, extra = _fit(name, state_dict, args, None if stripes else model)
-        inferred = [key for key in args if key not in given] + list(extra)
-        return filtered, resized, {**args, **extra}, inferred
+        for _ in range(_ADVICE_ROUNDS):
+            stripes = {} if "la_split_size" in given else _stripe_options(model, state_dict)
+            args = {**args, **stripes}
+            try:
+                filtered, resized, extra = _fit(name, state_dict, args, None if stripes else model)
+            except CreationOptionsError as error:  # built with other options (attn_layers, ape, ...): follow it
+                advice = {key: value for key, value in error.options.items() if key not in given}
+                if not advice or all(args.get(key) == value for key, value in advice.items()):
+                    raise
+                args = {**args, **advice}
+                model = timm.create_model(name, pretrained=False, device="meta", **args)
+                continue
+            inferred = [key for key in args if key not in given] + list(extra)
+            return filtered, resized, {**args, **extra}, inferred
+        raise ValueError(f"the weights' options for {name} could not be settled in {_ADVICE_ROUNDS} rounds: {args}")
 
     fallback, failure = None, None
     try:

@@ -6,6 +6,7 @@ the pretrained cfg and the timm builder.
 - `unwrap_checkpoint`, `is_converted`, `rename_keys`, `one_based_stage`, `fuse_q_kv`: the authors' training files,
   their key names and their separate ``q`` / ``kv`` projections;
 - `resize_positional_encodings`: a checkpoint's learnable positional tables at the model's grids;
+- `CreationOptionsError`: a filter's refusal of weights built with other creation options, with the options;
 - `family_cfg`, `authors_release`, `create_family_model`: the pretrained cfg (with the authors' released file where
   there is one) and the ``timm.create_model`` builder of every family.
 """
@@ -25,7 +26,25 @@ from linvit.attention import FocusedLinearAttention, resize_positional_table, sq
 from linvit.io import build_model_loading_safely, extract_model_state_dict, load_pretrained_file
 from linvit.layers import check_creation_arguments
 
+
+class CreationOptionsError(ValueError):
+    """A checkpoint filter's refusal of weights built with other creation options than the model's.
+
+    ``options`` holds the creation arguments that build a model the weights fit, as the message spells them out
+    ("build the model with ..."), so that a tool can follow the advice (``linvit convert`` does)."""
+
+    def __init__(self, message: str, options: dict[str, Any]):
+        super().__init__(message)
+        self.options = dict(options)
+
+
+def spell_options(options: dict[str, Any]) -> str:
+    """``k=v, ...`` as a creation call takes them: what an error's advice says to pass."""
+    return ", ".join(f"{key}={value!r}" for key, value in options.items())
+
+
 __all__ = [
+    "CreationOptionsError",
     "PretrainedFileMixin",
     "authors_release",
     "create_family_model",

@@ -55,6 +55,7 @@ from linvit.layers import (
     stage_attention_kwargs,
 )
 from linvit.models._family import (
+    CreationOptionsError,
     PretrainedFileMixin,
     authors_release,
     create_family_model,
@@ -64,6 +65,7 @@ from linvit.models._family import (
     positive_per_stage,
     rename_keys,
     resize_positional_encodings,
+    spell_options,
     unwrap_checkpoint,
 )
 
@@ -309,17 +311,31 @@ def _checkpoint_branches(state_dict: dict[str, torch.Tensor]) -> dict[tuple[int,
     return blocks
 
 
-def _structure_error(stage: int, theirs: dict[int, str], branches: StripeBranches, grid: tuple[int, int]) -> str:
+def _stage_options(blocks: dict[tuple[int, int], dict[int, str]]) -> dict[str, str]:
+    """The ``attn_layers`` of a checkpoint's blocks (`_checkpoint_branches`): L where a stage's blocks attend in
+    linear branches, else S."""
+    letters: dict[int, str] = {}
+    for (stage, _), kinds in sorted(blocks.items()):
+        letters[stage] = "L" if "linear" in kinds.values() else "S"
+    return {"attn_layers": "".join(letters[stage] for stage in sorted(letters))}
+
+
+def _structure_error(
+    stage: int,
+    theirs: dict[int, str],
+    branches: StripeBranches,
+    grid: tuple[int, int],
+    state_dict_branches: dict[tuple[int, int], dict[int, str]],
+) -> str:
     """One sentence on how a block's branches differ between checkpoint and model, and how to build a model that
     fits (the loader reports a filter's first sentence)."""
     ours = ["linear" if isinstance(branch, FocusedLinearLePEAttention) else "stripe" for branch in branches]
     kinds = {"linear": "focused linear attention", "stripe": "stripe softmax attention"}
     if set(theirs.values()) != set(ours):
-        letters = {"linear": "L", "stripe": "S"}
         return (
             f"stage {stage + 1} of the checkpoint is {kinds[next(iter(theirs.values()))]} but stage {stage + 1} of the "
-            f"model is {kinds[ours[0]]}: build the model with the checkpoint's attention per stage in attn_layers "
-            f"(here {letters[next(iter(theirs.values()))]} for stage {stage + 1}; L = linear, S = stripe softmax)"
+            f"model is {kinds[ours[0]]}: build the model with the checkpoint's attention per stage, "
+            f"{spell_options(_stage_options(state_dict_branches))} (L = linear, S = stripe softmax)"
         )
     if ours == ["linear"]:
         return (
@@ -349,7 +365,8 @@ def _match_branches(state_dict: dict[str, torch.Tensor], model: FlattenCSwin) ->
     stripes cover that map, with half the channels and heads each: its LePE weights are split between them.
     """
     grids = model.stage_grids(model.img_size)
-    for (stage, index), theirs in _checkpoint_branches(state_dict).items():
+    blocks = _checkpoint_branches(state_dict)
+    for (stage, index), theirs in blocks.items():
         if stage >= len(model.stages) or index >= len(model.stages[stage].blocks):
             continue  # the loader reports blocks the model lacks
         branches = model.stages[stage].blocks[index].attns
@@ -365,7 +382,11 @@ def _match_branches(state_dict: dict[str, torch.Tensor], model: FlattenCSwin) ->
                 first, second = state_dict.pop(prefix + "0." + suffix).chunk(2)
                 state_dict[prefix + "0." + suffix], state_dict[prefix + "1." + suffix] = first, second
             continue
-        raise ValueError(_structure_error(stage, theirs, branches, grids[stage]))
+        message = _structure_error(stage, theirs, branches, grids[stage], blocks)
+        ours = {"linear" if isinstance(branch, FocusedLinearLePEAttention) else "stripe" for branch in branches}
+        if set(theirs.values()) != ours:  # another kind of attention: attn_layers builds the checkpoint's
+            raise CreationOptionsError(message, _stage_options(blocks))
+        raise ValueError(message)
     return state_dict
 
 

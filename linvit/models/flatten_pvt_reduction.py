@@ -21,6 +21,7 @@ Their softmax stages (``S``) reduce the same way (s from their ``sr_ratios``, 8,
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 import torch.fx
@@ -35,7 +36,7 @@ from linvit.attention import (
     linear_attention,
     resize_positional_table,
 )
-from linvit.models._family import positive_per_stage
+from linvit.models._family import CreationOptionsError, positive_per_stage, spell_options
 from linvit.ops._numerics import at_least_float32
 
 __all__ = [
@@ -284,27 +285,25 @@ def _model_block(attn: nn.Module) -> tuple[str | None, int | str]:
     return ("L" if isinstance(getattr(attn, "scale", None), nn.Parameter) else None), 1
 
 
-def _build_with(theirs: dict[tuple[int, int], tuple[str, int | str]], model: nn.Module) -> str:
+def _build_with(theirs: dict[tuple[int, int], tuple[str, int | str]], model: nn.Module) -> dict[str, Any]:
     """The creation arguments that build a model whose blocks take the checkpoint's attention and reductions."""
     num_stages = len(model.stages)
     letters = ["L"] * num_stages
     reductions: list[int | str] = [1] * num_stages
     for (stage, _), (letter, reduction) in theirs.items():
         letters[stage], reductions[stage] = letter, reduction
+    fix: dict[str, Any] = {"attn_layers": "".join(letters)} if "S" in letters else {}
     if "linear" in reductions:
-        fix = ["linear=True"]
+        fix["linear"] = True
     else:
         la = [r if letter == "L" else 1 for letter, r in zip(letters, reductions)]
-        fix = [f"la_sr_ratios={_ratios(la)!r}"] if max(la) > 1 else []  # type: ignore[type-var]
+        if max(la) > 1:  # type: ignore[type-var]
+            fix["la_sr_ratios"] = _ratios(la)
         ours = tuple(getattr(model, "sr_ratios", ()))
         if any(letter == "S" and r != o for letter, r, o in zip(letters, reductions, ours)):
             pvt = [2 ** (num_stages - 1 - i) for i in range(num_stages)]  # the others as PVT's default
-            fix.append(
-                f"sr_ratios={_ratios([r if letter == 'S' else d for letter, r, d in zip(letters, reductions, pvt)])!r}"
-            )
-    if "S" in letters:
-        fix.insert(0, f"attn_layers={''.join(letters)!r}")
-    return ", ".join(fix)
+            fix["sr_ratios"] = _ratios([r if letter == "S" else d for letter, r, d in zip(letters, reductions, pvt)])
+    return fix
 
 
 def _ratios(ratios: list) -> str | tuple[int, ...]:
@@ -332,13 +331,16 @@ def check_reductions(state_dict: dict[str, torch.Tensor], model: nn.Module) -> N
             continue
         our_letter, ours = _model_block(blocks[index].attn)
         if our_letter is not None and our_letter != letter:
-            raise ValueError(
+            options = _build_with(theirs, model)
+            raise CreationOptionsError(
                 f"stage {stage + 1} of the checkpoint is {_KINDS[letter]} but the model's is {_KINDS[our_letter]}: "
-                f"build the model with {_build_with(theirs, model)}"
+                f"build the model with {spell_options(options)}",
+                options,
             )
         if ours != reduction:
-            raise ValueError(
+            options = _build_with(theirs, model)
+            raise CreationOptionsError(
                 f"stage {stage + 1} of the checkpoint {_describe(reduction, letter)} but the model's "
-                f"{_describe(ours, our_letter)}: "
-                f"build the model with {_build_with(theirs, model)}"
+                f"{_describe(ours, our_letter)}: build the model with {spell_options(options)}",
+                options,
             )

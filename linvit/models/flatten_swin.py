@@ -46,7 +46,7 @@ from linvit.attention import (
     shifted_block_kwargs,
     stage_attention_specs,
 )
-from linvit.attention.positional import resize_positional_table
+from linvit.attention.positional import resize_positional_table, square_grid
 from linvit.layers import (
     LinearHeadMixin,
     PreNormBlock,
@@ -59,6 +59,7 @@ from linvit.layers import (
     stage_attention_kwargs,
 )
 from linvit.models._family import (
+    CreationOptionsError,
     PretrainedFileMixin,
     create_family_model,
     family_cfg,
@@ -367,24 +368,28 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict
     Unwraps a full training checkpoint, moves ``layers.{i}.downsample`` (end of stage, the authors' layout) to
     ``layers.{i+1}.downsample``, drops computed buffers, fits the relative position bias tables (the centre for
     windows the authors shrank to a small map, else bicubic: `fit_relative_position_tables`) and resizes
-    positional encodings (bicubic) when the resolution differs from the model's. A stage whose attention kind differs
-    from the model's (linear, softmax, or mixed), or an absolute position embedding the model lacks (or the other
-    way round: ``ape``), is a ValueError that says so and how to build the model.
+    positional encodings and the absolute position embedding (bicubic) when the resolution differs from the
+    model's. A stage whose attention kind differs from the model's (linear, softmax, or mixed), or an absolute
+    position embedding the model lacks (or the other way round: ``ape``), is a `CreationOptionsError` (a
+    ValueError) that says so and how to build the model.
     """
     state_dict = unwrap_checkpoint(state_dict)
     ape = "absolute_pos_embed" in state_dict
     ape_differs = ape != (model.absolute_pos_embed is not None)
     try:
         check_stage_attention(state_dict, model)
-    except ValueError as error:  # one message with every option to change
+    except CreationOptionsError as error:  # one message with every option to change
         if ape_differs:
-            raise ValueError(f"{error} and ape={ape} (the checkpoint's absolute position embedding)") from None
+            raise CreationOptionsError(
+                f"{error} and ape={ape} (the checkpoint's absolute position embedding)", {**error.options, "ape": ape}
+            ) from None
         raise
     if ape_differs:
-        raise ValueError(
+        raise CreationOptionsError(
             f"the checkpoint {'has' if ape else 'has no'} the authors' absolute position embedding "
             f"(absolute_pos_embed, Swin's ape) but the model {'has one' if not ape else 'has none'}: build the model "
-            f"with ape={ape}"
+            f"with ape={ape}",
+            {"ape": ape},
         )
     shrunk, shifted = shrunk_window_stages(state_dict)
     authors_layout = any(k.startswith("layers.0.downsample.") for k in state_dict)
@@ -397,6 +402,10 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: FlattenSwin) -> dict
             parts[1] = str(int(parts[1]) + 1)
             key = ".".join(parts)
         out[key] = value
+    table = out.get("absolute_pos_embed")
+    if table is not None and table.shape != model.absolute_pos_embed.shape:  # trained at another size: bicubic
+        grid = square_grid(table.shape[1], "absolute_pos_embed")
+        out["absolute_pos_embed"] = resize_positional_table(table, grid, model.absolute_pos_grid)
     return resize_positional_encodings(fit_relative_position_tables(out, model, shrunk, shifted), model)
 
 

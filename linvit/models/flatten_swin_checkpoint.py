@@ -20,6 +20,7 @@ from torch import nn
 
 from linvit.attention import resize_relative_position_bias
 from linvit.attention.window import centre_relative_position_bias
+from linvit.models._family import CreationOptionsError, spell_options
 
 __all__ = ["DROPPED_SUFFIXES", "check_stage_attention", "fit_relative_position_tables", "shrunk_window_stages"]
 
@@ -86,10 +87,12 @@ def check_stage_attention(state_dict: dict[str, torch.Tensor], model: nn.Module)
     theirs = _stage_letters(state_dict, model.num_stages)
     for i, (mine, found) in enumerate(zip(ours, theirs)):
         if mine is not None and found is not None and mine != found:
-            raise ValueError(
+            options = {"attn_layers": _attn_layers(theirs)}
+            raise CreationOptionsError(
                 f"stage {i + 1} of the checkpoint is {_kind(found)} but stage {i + 1} of the model is {_kind(mine)}: "
-                f"build the model with the checkpoint's attention per stage, attn_layers={_attn_layers(theirs)!r} "
-                "(L = linear, S = softmax, M = the first blocks linear)"
+                f"build the model with the checkpoint's attention per stage, {spell_options(options)} "
+                "(L = linear, S = softmax, M = the first blocks linear)",
+                options,
             )
 
 

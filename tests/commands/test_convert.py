@@ -298,6 +298,44 @@ def test_swin_training_size_is_inferred_with_model_kwargs(tmp_path, yacs_module,
     assert "inferred from the weights' shapes: img_size=256, num_classes=10" in out
 
 
+@pytest.mark.parametrize(
+    "name, img_size, expected",
+    [
+        ("flatten_pvt_tiny", 224, {"attn_layers": "LLSS"}),
+        ("flatten_pvt_v2_b0", 256, {"attn_layers": "LLSS", "img_size": 256}),
+    ],
+)
+def test_pvt_softmax_stages_are_inferred(tmp_path, yacs_module, capsys, name, img_size, expected):
+    """The authors' PVT-T and PVTv2-B0 with attn_type 'LLSS' (PVT's softmax attention in stages 3-4): the filter's
+    advice names attn_layers, convert follows it, and the converted file gives the authors' outputs."""
+    from _authors_pvt import AuthorsPvt, AuthorsPvtV2
+
+    if name == "flatten_pvt_tiny":
+        reference = AuthorsPvt(img_size, **PVT_T, attn_type="LLSS")
+    else:
+        reference = AuthorsPvtV2(img_size, **B0, attn_type="LLSS")
+    found, model_args, out = _round_trip(tmp_path, capsys, _seeded(reference), img_size, ["--model", name])
+    assert found == name and model_args == expected
+    assert "attn_layers='LLSS'" in out.split("inferred from the weights' shapes: ")[1].splitlines()[0]
+
+
+def test_swin_mixed_stages_and_ape_are_inferred(tmp_path, yacs_module, capsys):
+    """A small FLatten-Swin with the authors' mixed stage (LLMS1: stage 3's first block linear, the rest softmax)
+    and their absolute position embedding, trained at 256: attn_layers and ape come from the filter's advice, the
+    size from the tables; only the architecture is given."""
+    from _authors_swin import RefFLattenSwin
+
+    reference = RefFLattenSwin(
+        256, 16, (2, 2, 2, 2), (2, 2, 4, 4), linear_window=32, window=4, num_classes=10, types="LLMS1", ape=True
+    )
+    kwargs = json.dumps({**SWIN_SMALL, "window_size": 4})
+    flags = ["--model", "flatten_swin_tiny_patch4_224", "--model-kwargs", kwargs]
+    _, model_args, out = _round_trip(tmp_path, capsys, _seeded(reference), 256, flags)
+    inferred = {"attn_layers": "LLMS1", "ape": True, "img_size": 256, "num_classes": 10}
+    assert model_args == {**SWIN_SMALL, "window_size": 4, **inferred}
+    assert "attn_layers='LLMS1'" in out and "ape=True" in out
+
+
 CSWIN_SMALL = {"embed_dim": 16, "depths": [1, 1, 2, 1], "num_heads": [2, 2, 4, 8], "split_size": [1, 2, 2, 2]}
 
 
@@ -314,6 +352,17 @@ def test_cswin_stripes_or_size_are_inferred(tmp_path, yacs_module, capsys, given
     flags = ["--model", "flatten_cswin_tiny_224", "--model-kwargs", json.dumps({**CSWIN_SMALL, **given})]
     _, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 64, flags)
     assert model_args == {**CSWIN_SMALL, **given, **inferred, "num_classes": 10}
+
+
+def test_cswin_attention_per_stage_is_inferred(tmp_path, yacs_module, capsys):
+    """A small FLatten-CSwin whose third stage is linear too (attn_type 'LLLS'; linvit's default is 'LLSS'): the
+    filter's advice names attn_layers and convert follows it."""
+    from _authors_cswin import AuthorsCSWin
+
+    reference = AuthorsCSWin(64, num_classes=10, attn_type="LLLS", **CSWIN_SMALL)
+    flags = ["--model", "flatten_cswin_tiny_224", "--model-kwargs", json.dumps({**CSWIN_SMALL, "img_size": 64})]
+    _, model_args, _ = _round_trip(tmp_path, capsys, _seeded(reference), 64, flags)
+    assert model_args == {**CSWIN_SMALL, "img_size": 64, "attn_layers": "LLLS", "num_classes": 10}
 
 
 @pytest.mark.slow
