@@ -138,6 +138,26 @@ def _float(value):
 
 
 @needs_triton
+@pytest.mark.parametrize("name", ["focused", "focused_odd_head_dim", "focused_class_token"])
+def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(name):
+    """16-bit inputs take the DWC path of tensor-core products with diagonal weights (forward, and the transposed
+    conv in the backward): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys, against the
+    naive reference on the same rounded inputs in float32, value and every gradient."""
+    from linvit.ops.linear_attention.triton_launch import tap_products
+
+    assert tap_products(torch.bfloat16)["TENSOR_TAPS"] and not tap_products(torch.float32)["TENSOR_TAPS"]
+    qkv, kwargs = _inputs(CASES[name])
+    qkv_half, kwargs_half = _cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE)
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, generator=torch.Generator().manual_seed(2))
+    out, grads = _run("triton", qkv_half, kwargs_half, grad_out.to(TRITON_DEVICE, torch.bfloat16))
+    qkv_float, kwargs_float = _cast(qkv_half, kwargs_half, torch.float32, torch.device("cpu"))
+    expected, expected_grads = _run("naive", qkv_float, kwargs_float, grad_out)
+    _assert_close(out.float().cpu(), expected, 1e-2)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.float().cpu(), want, 3e-2)
+
+
+@needs_triton
 def test_triton_is_deterministic():
     qkv, kwargs = _inputs(CASES["focused"])
     qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
