@@ -77,7 +77,8 @@ def find_loops(instructions: list[Instruction], labels: dict[str, int]) -> list[
 
 
 def _global_loads(opcodes: list[str]) -> int:
-    return sum(opcode.startswith(("LDG", "LDGSTS")) for opcode in opcodes)
+    """LDG and LDGSTS (asynchronous copies), not LDGDEPBAR (their dependency barrier, which loads nothing)."""
+    return sum(opcode.split(".")[0] in ("LDG", "LDGSTS") for opcode in opcodes)
 
 
 def ptx_loop_loads(ptx: str) -> list[int]:

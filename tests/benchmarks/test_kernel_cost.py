@@ -15,7 +15,16 @@ import textwrap
 
 import pytest
 
-from linvit.bench.kernel_cost import dynamic_count, find_loops, parse_sass, ptx_loop_loads, resident_programs
+from linvit.bench.kernel_cost import (
+    Loop,
+    _global_loads,
+    dynamic_count,
+    find_loops,
+    match_unrolling,
+    parse_sass,
+    ptx_loop_loads,
+    resident_programs,
+)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
@@ -79,6 +88,16 @@ def test_ptx_loads_count_the_asynchronous_copies_of_a_pipelined_loop():
     """The unrolling check compares a SASS loop's LDG + LDGSTS with its PTX loop's loads: counting only ld.global
     there read a pipelined loop (1 against 3) as unrolled 3 times and weighted its body by a third."""
     assert ptx_loop_loads(PIPELINED_PTX) == [3]
+
+
+def test_a_pipelined_loop_is_not_read_as_unrolled():
+    """Its SASS body: the copies (LDGSTS) each followed by a dependency barrier (LDGDEPBAR), which loads nothing:
+    counted as loads, they made a loop of 2 copies look unrolled twice against its PTX (and halved its weight)."""
+    body = ["LDG.E.128", "LDGSTS.E.BYPASS.128", "LDGDEPBAR", "LDGSTS.E.BYPASS.128", "LDGDEPBAR", "LDS.128", "BRA"]
+    assert _global_loads(body) == 3
+    loop = Loop(0, len(body) - 1)
+    match_unrolling([loop], [_global_loads(body)], ptx_loop_loads(PIPELINED_PTX))
+    assert loop.unroll == 1
 
 
 def test_resident_programs_follow_registers_warps_and_shared_memory():

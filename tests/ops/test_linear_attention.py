@@ -140,9 +140,9 @@ def _float(value):
 @needs_triton
 @pytest.mark.parametrize("name", ["focused", "focused_odd_head_dim", "focused_class_token"])
 def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(name):
-    """16-bit inputs take the DWC path of tensor-core products with diagonal weights (forward, and the transposed
-    conv in the backward): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys, against the
-    naive reference on the same rounded inputs in float32, value and every gradient."""
+    """16-bit inputs take the forward's DWC path of tensor-core products with diagonal weights (and the backward's
+    transposed conv, multiply-adds): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys,
+    against the naive reference on the same rounded inputs in float32, value and every gradient."""
     from linvit.ops.linear_attention.triton_launch import tap_products
 
     assert tap_products(torch.bfloat16)["TENSOR_TAPS"] and not tap_products(torch.float32)["TENSOR_TAPS"]

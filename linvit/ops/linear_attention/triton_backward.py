@@ -83,8 +83,7 @@ def key_value_grad_kernel(
     prefix, chunk, grads_width, grid_h, grid_w, feature_eps, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr,
+    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients.
@@ -113,11 +112,6 @@ def key_value_grad_kernel(
         keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
         ok = row_ok[None, :, None] & channel_ok
         keep_ok = keep[None, :, None] & channel_ok
-        if HAS_DWC:  # the transposed conv of dL/dout (its share of dL/dv), first, while few registers are held
-            conv = tiles.depthwise_conv(
-                do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w,
-                H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, True,
-            )  # fmt: skip
         x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
         v = tiles.load_tile(v_base, rows, keep_ok, stride_n, channels)
         dphi = tl.dot(v, gs_t, input_precision=DOT_PRECISION) + gz[:, None, :]
@@ -127,8 +121,12 @@ def key_value_grad_kernel(
         phi = tl.where(keep_ok, phi, 0.0)
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
         dv = tl.permute(tl.dot(gs_t, tl.permute(phi, (0, 2, 1)), input_precision=DOT_PRECISION), (0, 2, 1))
-        if HAS_DWC:
-            dv += conv
+        if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
+            # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
+            dv = tiles.depthwise_conv(
+                dv, do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w,
+                H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True,
+            )  # fmt: skip
             own = tiles.load_tile(do_base, rows, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
             acc_b += tl.sum(own, axis=1)
         tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)

@@ -98,8 +98,8 @@ def output_kernel(
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
-            out += tiles.depthwise_conv(
-                v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
+            out = tiles.depthwise_conv(
+                out, v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
                 H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False,
             )  # fmt: skip
             if HAS_BIAS:

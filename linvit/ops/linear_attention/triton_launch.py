@@ -91,10 +91,10 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
 
 
 def tap_products(dtype: torch.dtype) -> dict:
-    """How the forward's DWC multiplies: 16-bit inputs on the tensor cores (each tap a product with a diagonal
-    weight matrix in the input's dtype, the weights rounded to it as autocast rounds them, fp32 accumulation); fp32
-    inputs with fp32 multiply-adds. The interpreter takes the tensor-core path in fp32 (numpy has no bf16 product):
-    the same addressing and sums, the weights unrounded."""
+    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds): 16-bit inputs on the
+    tensor cores (each tap a product with a diagonal weight matrix in the input's dtype, the weights rounded to it as
+    autocast rounds them, fp32 accumulation); fp32 inputs with fp32 multiply-adds. The interpreter takes the
+    tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the weights unrounded."""
     half = dtype in (torch.float16, torch.bfloat16)
     tap_dtype = tl.float32 if interpreting() else {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(dtype)
     return {"TENSOR_TAPS": half, "TAP_DTYPE": tap_dtype or tl.float32}
@@ -326,7 +326,6 @@ def backward_plan(
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
             "HAS_DWC": dwc_weight is not None,
-            **tap_products(qkv.dtype),
         },
         lambda block: (chunks, trips(block)),
     )

@@ -219,12 +219,12 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 
 @triton.jit
-def depthwise_conv(base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
+def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
                    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
                    TRANSPOSED: tl.constexpr):  # fmt: skip
-    """The depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at ``base``
-    for the tokens row0 … row0 + BLOCK_N of a tile, (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
+    """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at
+    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile, (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
     transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
     masked tokens count as zeros. Each tap is gathered once for all C channels.
 
@@ -242,11 +242,11 @@ def depthwise_conv(base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h,
         channel_ok = (heads < H) & (dims < D)
         diagonal = tl.arange(0, D_PAD)[:, None] == dims
         conv = tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
-    else:
+    else:  # multiply-adds straight into acc (a second tile-sized accumulator spills in the backward)
         rows = row0 + tl.arange(0, BLOCK_N)[None, :, None]
         channels, channel_ok = tile_channels(H, D, H_PAD, D_PAD)
         dims = tl.arange(0, D_PAD)[None, None, :]
-        conv = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+        conv = acc
     for tap in tl.static_range(K * K):
         dy = tap // K - K // 2
         dx = tap % K - K // 2
@@ -261,5 +261,5 @@ def depthwise_conv(base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h,
         else:
             conv = tl.fma(value.to(tl.float32), weight.to(tl.float32), conv)
     if TENSOR_TAPS:
-        conv = tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
+        conv = acc + tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
     return conv
