@@ -206,7 +206,9 @@ def markdown(figure: dict, headline: dict) -> str:
         + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
         + ". A program holds every head of its tokens and each head's d × d state: at head_dim 64 (and at more than "
         "128 channels) the backward kernels' states, their transposes and tiles exceed the registers and spill "
-        "(query_grad most).",
+        "(query_grad most; most of its spill is the dS accumulation φᵀ·dL/dnum: without it 1×64 spills 40 B, not 672. "
+        "8 warps spill more than 4, so the states as tensor-core operands are held by every warp; the way out is "
+        "products that read the states from shared memory, e.g. per-head 2-D products).",
     ]
     for entry in figure["shapes"]:
         lines += ["", f"## {entry['shape']['name']}", ""]
