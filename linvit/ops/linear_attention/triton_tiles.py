@@ -230,9 +230,10 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
 
     ``TENSOR_TAPS`` (16-bit inputs): each tap is one tensor-core product, the gathered rows of every head as one
     (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
-    fp32 accumulation. The products are 32× more than the conv needs, but the tensor cores take them at a few
-    instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA per element
-    (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32 multiply-adds."""
+    fp32 accumulation. The products are D_PAD× what the conv needs (32× at head_dim 32), but the tensor cores take
+    them at a few instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA
+    per element (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32
+    multiply-adds."""
     if TENSOR_TAPS:
         flat = tl.arange(0, H_PAD * BLOCK_N)
         rows = (row0 + flat % BLOCK_N)[:, None]  # flat row h·BLOCK_N + i: token i of the tile in head h
