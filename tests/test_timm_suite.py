@@ -87,13 +87,16 @@ PARAM_COUNTS = {name: _meta_param_count(name) for name in MODEL_NAMES}
 SMALL_MODELS = [n for n in MODEL_NAMES if PARAM_COUNTS[n] is not None and PARAM_COUNTS[n] <= FULL_SUITE_MAX_PARAMS]
 
 
-def _params(names_small_only_default: bool) -> list:
-    """Model-name params; larger models are marked slow when the check is small-models-only by default."""
+def _params(names_small_only_default: bool, slow_above: int | None = None) -> list:
+    """Model-name params; larger models are marked slow when the check is small-models-only by default, and models
+    of more than ``slow_above`` parameters (each family's largest; its smaller ones stay) in any case."""
     if not MODEL_NAMES:
         return [pytest.param("<no linvit models registered>", marks=pytest.mark.skip(reason="no linvit models"))]
     params = []
     for name in MODEL_NAMES:
-        marks = [] if (name in SMALL_MODELS or not names_small_only_default) else [pytest.mark.slow]
+        large = slow_above is not None and (PARAM_COUNTS[name] is None or PARAM_COUNTS[name] > slow_above)
+        default = (name in SMALL_MODELS or not names_small_only_default) and not large
+        marks = [] if default else [pytest.mark.slow]
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 
@@ -174,7 +177,9 @@ def _has_spatial_features(name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------------------
 # default for every model
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model_name", _params(False))
+# the default tier must stay under 15 minutes: the models above 40M parameters (10 of 24, every family keeps its
+# smaller ones) check their configs in the slow tier
+@pytest.mark.parametrize("model_name", _params(False, slow_above=40_000_000))
 def test_timm_default_cfgs(timm_suite, model_name):
     """timm's config / API contract check (meta device: structure, shapes, device and dtype threading)."""
     if _has_spatial_features(model_name):
