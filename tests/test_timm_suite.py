@@ -188,7 +188,7 @@ def test_timm_default_cfgs(timm_suite, model_name):
         _timm_test(timm_suite, "test_model_default_cfgs_non_std")(model_name, 1, _cfg_device(timm_suite))
 
 
-@pytest.mark.parametrize("model_name", _params(False))
+@pytest.mark.parametrize("model_name", _params(False, slow_above=40_000_000))  # as test_timm_default_cfgs
 def test_small_forward(model_name):
     """A real forward at a small, odd, non-square size: finite logits of the right shape."""
     torch.manual_seed(0)

@@ -309,7 +309,8 @@ def test_torch_export_keeps_the_fused_op():
     torch.testing.assert_close(program.module()(x), module(x))
 
 
-@pytest.mark.parametrize("backend", ["torch", TRITON])
+# the Triton case in the slow tier (14 s of the interpreter under Dynamo); the torch case stays in the default tier
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=[needs_triton, pytest.mark.slow])])
 def test_module_compiles_without_graph_breaks(backend):
     """Dynamo traces the module, the backend choice and the op in one graph (the Triton op is one node)."""
     from linvit.attention import FocusedLinearAttention

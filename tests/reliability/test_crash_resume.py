@@ -104,6 +104,8 @@ def reference(log_dir) -> dict:
     return outcome
 
 
+# slow: ~25 s, and the slow tier's resume sweep kills train() at every step and validation moment
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(log_dir, reference):
     kill_step = STEPS_PER_EPOCH + STEPS_PER_EPOCH // 2  # in the middle of the second epoch
     killed = _train(log_dir, "killed", *_signal_at(kill_step, "SIGKILL"), check=False)
