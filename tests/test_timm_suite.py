@@ -177,9 +177,9 @@ def _has_spatial_features(name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------------------
 # default for every model
 # ----------------------------------------------------------------------------------------------------------------
-# the default tier must stay under 15 minutes: the models above 40M parameters (10 of 24, every family keeps its
+# the default tier must stay under 15 minutes: the models above 30M parameters (13 of 24, every family keeps its
 # smaller ones) check their configs in the slow tier
-@pytest.mark.parametrize("model_name", _params(False, slow_above=40_000_000))
+@pytest.mark.parametrize("model_name", _params(False, slow_above=30_000_000))
 def test_timm_default_cfgs(timm_suite, model_name):
     """timm's config / API contract check (meta device: structure, shapes, device and dtype threading)."""
     if _has_spatial_features(model_name):
@@ -188,7 +188,7 @@ def test_timm_default_cfgs(timm_suite, model_name):
         _timm_test(timm_suite, "test_model_default_cfgs_non_std")(model_name, 1, _cfg_device(timm_suite))
 
 
-@pytest.mark.parametrize("model_name", _params(False, slow_above=40_000_000))  # as test_timm_default_cfgs
+@pytest.mark.parametrize("model_name", _params(False, slow_above=30_000_000))  # as test_timm_default_cfgs
 def test_small_forward(model_name):
     """A real forward at a small, odd, non-square size: finite logits of the right shape."""
     torch.manual_seed(0)

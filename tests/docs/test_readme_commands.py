@@ -93,7 +93,7 @@ SHELL_PLANS: dict[str, Plan] = {
     ),
     # Deploy
     'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx': Plan(
-        default="whole", slow="whole"
+        slow="whole", why_not="~30 s; tests/commands/test_export.py and tests/test_deploy.py export in the default tier"
     ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
@@ -431,7 +431,15 @@ def test_readme_command_in_a_shell(command, workdir, request):
     _check(command, mode, code, out, err, workdir)
 
 
-@pytest.mark.parametrize("key", list(PYTHON_PLANS), ids=_ids(PYTHON_PLANS))
+# the onnxruntime snippet runs the README's export command first (~30 s): slow tier, as that command
+PYTHON_SLOW = {'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])'}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [pytest.param(key, marks=[pytest.mark.slow] if key in PYTHON_SLOW else []) for key in PYTHON_PLANS],
+    ids=_ids(PYTHON_PLANS),
+)
 def test_readme_python_block(key, workdir, request, monkeypatch):
     (block,) = [b for b in code_blocks("python") if _python_plan_key(b.text) == key]
     if key in PYTHON_NEEDS:
