@@ -126,8 +126,8 @@ def _stage_of(match: re.Match) -> int:
 
 def reduction_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
     """PVT/PVTv2: ``la_sr_ratios`` (the s of each focused stage's s x s, stride-s ``attn.sr`` convolution) or
-    ``linear=True`` (a 1x1 ``attn.sr``: PVTv2-Li's pooled reduction), read from the weights; {} for other families and for weights
-    without a reduction (the defaults)."""
+    ``linear=True`` (a 1x1 ``attn.sr``: PVTv2-Li's pooled reduction), read from the weights; {} for other families
+    and for weights without a reduction (the defaults)."""
     ratios_now = getattr(model, "la_sr_ratios", None)
     if ratios_now is None:
         return {}

@@ -95,9 +95,12 @@ def tap_products(dtype: torch.dtype) -> dict:
     tensor cores (each tap a product with a diagonal weight matrix in the input's dtype, the weights rounded to it as
     autocast rounds them, fp32 accumulation); fp32 inputs with fp32 multiply-adds. The interpreter takes the
     tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the weights unrounded."""
-    half = dtype in (torch.float16, torch.bfloat16)
-    tap_dtype = tl.float32 if interpreting() else {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(dtype)
-    return {"TENSOR_TAPS": half, "TAP_DTYPE": tap_dtype or tl.float32}
+    if dtype not in (torch.float16, torch.bfloat16):
+        return {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}
+    return {
+        "TENSOR_TAPS": True,
+        "TAP_DTYPE": tl.float32 if interpreting() else tl.float16 if dtype == torch.float16 else tl.bfloat16,
+    }
 
 
 @functools.cache
