@@ -58,17 +58,17 @@ def query_grad_kernel(
         x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
         g = tiles.load_tile(do_base, rows, ok, do_stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
-        num = tl.dot(phi, s, input_precision=DOT_PRECISION)
+        num = tiles.head_dot(phi, s, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
         dnum = g / den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) / den
-        dphi = tl.dot(dnum, s_t, input_precision=DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
+        dphi = tiles.head_dot(dnum, s_t, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dq_base + rows[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
         if HALF_DOT:
-            acc_ds = tl.dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds)
+            acc_ds = tiles.head_dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds, H_PAD, DOT_PRECISION)
         else:
-            acc_ds = tl.dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, input_precision=DOT_PRECISION)
+            acc_ds = tiles.head_dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, H_PAD, DOT_PRECISION)
         acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
         acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
@@ -114,13 +114,13 @@ def key_value_grad_kernel(
         keep_ok = keep[None, :, None] & channel_ok
         x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
         v = tiles.load_tile(v_base, rows, keep_ok, stride_n, channels)
-        dphi = tl.dot(v, gs_t, input_precision=DOT_PRECISION) + gz[:, None, :]
+        dphi = tiles.head_dot(v, gs_t, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION) + gz[:, None, :]
         phi, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
         tl.store(dk_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
-        dv = tl.permute(tl.dot(gs_t, tl.permute(phi, (0, 2, 1)), input_precision=DOT_PRECISION), (0, 2, 1))
+        dv = tl.permute(tiles.head_dot(gs_t, tl.permute(phi, (0, 2, 1)), tl.zeros([H_PAD, D_PAD, BLOCK_N], tl.float32), H_PAD, DOT_PRECISION), (0, 2, 1))
         if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv = tiles.depthwise_conv(

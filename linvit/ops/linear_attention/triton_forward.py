@@ -54,9 +54,9 @@ def state_kernel(
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
         v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
-            acc_s = tl.dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s)
+            acc_s = tiles.head_dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s, H_PAD, DOT_PRECISION)
         else:
-            acc_s = tl.dot(tl.permute(phi, (0, 2, 1)), v.to(tl.float32), acc_s, input_precision=DOT_PRECISION)
+            acc_s = tiles.head_dot(tl.permute(phi, (0, 2, 1)), v.to(tl.float32), acc_s, H_PAD, DOT_PRECISION)
         acc_z += phi
         kept += keep.to(tl.float32)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
@@ -94,7 +94,7 @@ def output_kernel(
         ok = row_ok[None, :, None] & channel_ok
         x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
-        num = tl.dot(phi, s, input_precision=DOT_PRECISION)
+        num = tiles.head_dot(phi, s, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:

@@ -90,12 +90,15 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
     }
 
 
-def tap_products(dtype: torch.dtype) -> dict:
-    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds): 16-bit inputs on the
-    tensor cores (each tap a product with a diagonal weight matrix in the input's dtype, the weights rounded to it as
-    autocast rounds them, fp32 accumulation); fp32 inputs with fp32 multiply-adds. The interpreter takes the
-    tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the weights unrounded."""
-    if dtype not in (torch.float16, torch.bfloat16):
+def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
+    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds): 16-bit inputs with
+    padded head dims up to 32 on the tensor cores (each tap a product with a diagonal weight matrix in the input's
+    dtype, the weights rounded to it as autocast rounds them, fp32 accumulation); fp32 inputs and head dims of 64 and
+    more with fp32 multiply-adds (a diagonal product does head_dim× the work the tap needs: on sm_90 at head_dim 64
+    the multiply-adds issue fewer instructions, 261 against 384 per token at 1×64, by the cost figure). The
+    interpreter takes the tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the
+    weights unrounded."""
+    if dtype not in (torch.float16, torch.bfloat16) or head_dim_pad > 32:
         return {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}
     return {
         "TENSOR_TAPS": True,
@@ -227,7 +230,7 @@ def forward_plan(
             "K": kernel_size,
             "HAS_DWC": dwc_weight is not None,
             "HAS_BIAS": dwc_bias is not None,
-            **tap_products(qkv.dtype),
+            **tap_products(qkv.dtype, sizes["D_PAD"]),
         },
         lambda block: (chunks, trips(block)),
     )

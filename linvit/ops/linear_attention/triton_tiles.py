@@ -4,7 +4,8 @@ reduction and the depthwise-conv taps. Shared by `triton_forward.py` and `triton
 A tile is (H_PAD, BLOCK_N, D_PAD): every head of BLOCK_N tokens, all C = H·D channels of each token, read from the
 (B, N, ·) token layout through strides (channel h·D + d of a token sits at column h·D + d). Holding all heads of a
 token in one program is what the focused map needs (its norms run over all C channels) and what lets each DWC tap
-be gathered once for all channels; the per-head products S = φ(k)ᵀv and φ(q)·S are one batched (3-D) ``tl.dot``.
+be gathered once for all channels; the per-head products S = φ(k)ᵀv and φ(q)·S are one batched (3-D) ``tl.dot``
+(:func:`head_dot`; a 2-D one for a single head).
 
 Feature maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
 (max(x, feature_eps·inv) when ``PRESCALED``: x already holds (x + feature_eps)·inv) and φ = ‖a‖ / ‖a^p‖ · a^p with
@@ -169,6 +170,20 @@ def feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER
 
 
 @triton.jit
+def head_dot(a, b, acc, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b for every head, (H_PAD, M, K) @ (H_PAD, K, N) → (H_PAD, M, N) in fp32. One head is a 2-D
+    product, whose loop-invariant operand (a state) the compiler keeps in shared memory; a batched (3-D) product holds
+    it in registers in the operand layout, which spills at head_dim 64."""
+    if H_PAD == 1:
+        out = tl.dot(tl.reshape(a, (a.shape[1], a.shape[2])), tl.reshape(b, (b.shape[1], b.shape[2])),
+                     tl.reshape(acc, (acc.shape[1], acc.shape[2])), input_precision=DOT_PRECISION)  # fmt: skip
+        out = tl.reshape(out, (1, out.shape[0], out.shape[1]))
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
 def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
                    H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
     """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of batch element b: the partial sums of its chunks added in a
@@ -228,7 +243,7 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
     transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
     masked tokens count as zeros. Each tap is gathered once for all C channels.
 
-    ``TENSOR_TAPS`` (16-bit inputs): each tap is one tensor-core product, the gathered rows of every head as one
+    ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head as one
     (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
     fp32 accumulation. The products are D_PAD× what the conv needs (32× at head_dim 32), but the tensor cores take
     them at a few instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA
