@@ -40,7 +40,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """One attention call: batch, heads × head dim, map, input dtype, DWC size, feature map."""
+    """One attention call: batch, heads × head dim, map, input dtype, DWC size, feature map, window (None: global)."""
 
     name: str
     batch: int
@@ -50,6 +50,7 @@ class Shape:
     dtype: str = "bf16"
     kernel_size: int = 5
     feature_map: str = "focused"
+    window: tuple[int, int] | None = None
 
     @property
     def tokens(self) -> int:
@@ -59,6 +60,14 @@ class Shape:
 SHAPES = (
     Shape("benchmark (B=8, C=128, 4×32 heads, 256², bf16, 5×5 DWC)", 8, 4, 32, (256, 256)),
     Shape("linvit_tiny stage 1 (B=8, C=64, 2×32 heads, 256², bf16, 5×5 DWC)", 8, 2, 32, (256, 256)),
+    Shape(
+        "flatten_swin_tiny stage 1 at 1024² (B=8, C=96, 3×32 heads, 256² in 7×7 windows read in place, bf16, 5×5 DWC)",
+        8,
+        3,
+        32,
+        (256, 256),
+        window=(7, 7),
+    ),  # fmt: skip
 )
 
 
@@ -69,11 +78,12 @@ def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.
     channels = shape.heads * shape.head_dim
     qkv = torch.empty(shape.batch, shape.tokens, 3 * channels, dtype=_DTYPES[shape.dtype], **meta)
     inverse = torch.empty(channels, **meta)
-    position = torch.empty(1, shape.tokens, channels, **meta)
+    positions = shape.tokens if shape.window is None else shape.window[0] * shape.window[1]
+    position = torch.empty(1, positions, channels, **meta)
     weight = torch.empty(shape.head_dim, 1, shape.kernel_size, shape.kernel_size, **meta)
     bias = torch.empty(shape.head_dim, **meta)
     options = triton_launch.KernelOptions(
-        shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6
+        shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6, *(shape.window or (0, 0))
     )
     forward, out, partials = triton_launch.forward_plan(
         qkv, inverse, position, weight, bias, None, options, False, multiprocessors=H200_MULTIPROCESSORS
@@ -100,7 +110,7 @@ def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[t
         constants, args = dict(launch.constants), dict(launch.args)
         if launch.tuned:
             constants["BLOCK_N"] = block
-            args["N_BUCKET"] = 1 << max(tokens - 1, 0).bit_length()
+            args["N_BUCKET"] = 1 << max(int(launch.args.get("N", tokens)) - 1, 0).bit_length()
         cost = kernel_cost(launch.kernel, args, constants, launch.grid, launch.loops(block), warps, stages, arch)
         results.append(((block, warps, stages), cost))
     return results

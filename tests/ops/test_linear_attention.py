@@ -22,7 +22,7 @@ TRITON = pytest.param("triton", marks=needs_triton)
 
 def _case(feature_map: str, hw: tuple[int, int], heads: int, head_dim: int, **options) -> dict:
     """One configuration: options kernel (DWC size, 0 for none), power, mask, position ("shared", "batched", None),
-    prefix (class tokens)."""
+    prefix (class tokens), window (attention in windows)."""
     return {"feature_map": feature_map, "hw": hw, "heads": heads, "head_dim": head_dim, **options}
 
 
@@ -34,7 +34,9 @@ CASES = {
     "focused_no_dwc_one_row": _case("focused", (1, 11), 2, 16, kernel=0, mask=True),
     "focused_head_dim_64": _case("focused", (5, 4), 2, 64, kernel=5, mask=True),
     "focused_head_dim_128": _case("focused", (3, 3), 1, 128, kernel=3),
+    "focused_windows_padded": _case("focused", (7, 9), 2, 16, kernel=3, window=(4, 4), position="batched"),
     "relu": _case("relu", (7, 3), 2, 16, kernel=5, mask=True),
+    "relu_windows": _case("relu", (8, 4), 3, 16, kernel=5, window=(4, 2)),
     "elu": _case("elu", (4, 4), 2, 16, kernel=0, position=None),
 }
 
@@ -49,13 +51,18 @@ def _inputs(case: dict, dtype=torch.float64, device="cpu", batch=2, seed=0) -> t
         return (torch.randn(*shape, generator=generator, dtype=torch.float64) * scale).to(device, dtype)
 
     kwargs = {"hw": case["hw"], "num_heads": heads, "feature_map": case["feature_map"], "num_prefix_tokens": prefix}
+    positions, position_batch = tokens - prefix, batch
+    if "window" in case:  # one position per window token; batched: per window of each image
+        kwargs["window"] = window = case["window"]
+        positions = window[0] * window[1]
+        position_batch = batch * (-(-case["hw"][0] // window[0])) * (-(-case["hw"][1] // window[1]))
     leaves = {"qkv": randn(batch, tokens, 3 * channels)}
     if case["feature_map"] == "focused":
         leaves["inverse_temperature"] = 1.0 / torch.nn.functional.softplus(randn(channels, scale=0.5))
         kwargs["focusing_factor"] = case.get("power", 3.0)
     position = case.get("position", "shared")
     if position is not None:
-        leaves["key_position"] = randn(batch if position == "batched" else 1, tokens - prefix, channels, scale=0.5)
+        leaves["key_position"] = randn(position_batch if position == "batched" else 1, positions, channels, scale=0.5)
     kernel = case.get("kernel", 5)
     if kernel:
         leaves["dwc_weight"] = randn(head_dim, 1, kernel, kernel, scale=0.3)
@@ -279,7 +286,7 @@ def test_custom_ops_pass_torch_opcheck():
     qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
     hw, heads = kwargs["hw"], kwargs["num_heads"]
     tensors = [kwargs[k] for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
-    options = [hw[0], hw[1], heads, 0, 3.0, 0, 1e-6, 1e-6]
+    options = [hw[0], hw[1], heads, 0, 3.0, 0, 1e-6, 1e-6, 0, 0]
     forward = torch.ops.linvit.linear_attention_qkv_forward.default
     torch.library.opcheck(forward, (qkv, *tensors, *options, False))
     torch.library.opcheck(forward, (qkv.detach(), None, None, None, None, None, *options, False))
@@ -288,6 +295,12 @@ def test_custom_ops_pass_torch_opcheck():
     backward = torch.ops.linvit.linear_attention_qkv_backward.default
     saved = [kwargs[k].detach() for k in ("inverse_temperature", "key_position", "dwc_weight", "key_mask")]
     torch.library.opcheck(backward, (grad_out, qkv.detach(), *partials, *saved, *options))
+    # in windows (read in place: the output and dqkv keep the map's layout, the partial states are per window)
+    qkv, kwargs = _cast(*_inputs(CASES["focused_windows_padded"]), torch.float32, TRITON_DEVICE)
+    hw, window = kwargs["hw"], kwargs["window"]
+    tensors = [kwargs.get(k) for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
+    options = [hw[0], hw[1], kwargs["num_heads"], 0, 3.0, 0, 1e-6, 1e-6, *window]
+    torch.library.opcheck(forward, (qkv, *tensors, *options, False))
 
 
 @needs_triton

@@ -17,7 +17,9 @@ from linvit.ops.linear_attention.arguments import (
     LinearAttentionArguments,
     boolean_key_mask,
     checked_arguments,
+    checked_window,
 )
+from linvit.ops.windows import merge_windows, partition_windows, window_key_mask
 
 __all__ = ["FEATURE_MAPS", "LinearAttentionArguments", "boolean_key_mask", "linear_attention_qkv"]
 
@@ -38,6 +40,7 @@ def linear_attention_qkv(
     eps: float = 1e-6,
     feature_eps: float = 1e-6,
     prescaled: bool = False,
+    window: tuple[int, int] | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """Non-causal (mean-form) linear attention of the tokens of ``qkv``, plus the DWC of the values; (B, N, C).
@@ -63,18 +66,34 @@ def linear_attention_qkv(
         eps: added to the normaliser φ(q)·z; feature_eps: added after the ReLU of the focused map.
         prescaled: q|k already hold (x + feature_eps) / s (the caller folded the shift and temperature into the
             projection). The caller hands over the buffer: with autograd off the torch backend maps it in place.
+        window: (h, w) for attention within the non-overlapping windows of the map (padded at the bottom and right
+            to whole windows; the padding holds no token: no key, no value for the DWC, no output), each window with
+            its own S, z and DWC; None (or the whole map) for global attention. key_position is then one row per
+            window token, (h·w, C) or (B·windows, h·w, C) for windows in image-major, row-major order; no prefix
+            tokens, no key_mask. The fused kernels read the windows in place; the other backends partition.
         backend: "auto", "torch", "triton" or "naive" (see :mod:`linvit.ops`).
     """
     given = LinearAttentionArguments(
         hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
         key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
     )  # fmt: skip
-    arguments = checked_arguments(qkv, given)
+    window = checked_window(window, given)
+    arguments = checked_arguments(qkv, given, window)
     name = resolve_backend(backend, qkv.device)
     if name == "triton" and qkv.numel() > 0:  # an empty batch launches nothing: the eager path returns it
         from linvit.ops.linear_attention import triton as fused
 
-        return fused.linear_attention_qkv(qkv, arguments)
+        return fused.linear_attention_qkv(qkv, arguments, window)
+    if window is not None:  # the reference form: partition, attend in each window, merge
+        valid = window_key_mask(arguments.hw, window, (0, 0), qkv.device)
+        windows = partition_windows(qkv, arguments.hw, window, (0, 0))
+        in_windows = arguments._replace(hw=window, key_mask=None if valid is None else valid.repeat(qkv.shape[0], 1))
+        out = (
+            naive.linear_attention_qkv(windows, in_windows)
+            if name == "naive"
+            else eager.scriptable_linear_attention_qkv(windows, *in_windows)
+        )
+        return merge_windows(out, qkv.shape[0], arguments.hw, window, (0, 0))
     if name == "naive":
         return naive.linear_attention_qkv(qkv, arguments)
     return eager.scriptable_linear_attention_qkv(qkv, *arguments)

@@ -10,7 +10,7 @@ from torch import bool as torch_bool
 
 from linvit.ops._checks import check_qkv
 
-__all__ = ["FEATURE_MAPS", "LinearAttentionArguments", "boolean_key_mask", "checked_arguments"]
+__all__ = ["FEATURE_MAPS", "LinearAttentionArguments", "boolean_key_mask", "checked_arguments", "checked_window"]
 
 FEATURE_MAPS: tuple[str, ...] = ("focused", "relu", "elu")
 
@@ -55,12 +55,37 @@ def _grid(hw: tuple[int, int]) -> tuple[int, int]:
     return int(hw[0]), int(hw[1])
 
 
-def checked_arguments(qkv: Tensor, arguments: LinearAttentionArguments) -> LinearAttentionArguments:
-    """``arguments`` checked against qkv (ValueError/TypeError saying what is wrong) and normalised: (H, W) and the
-    focusing factor as numbers, the key mask as bool."""
+def checked_window(window: tuple[int, int] | None, arguments: LinearAttentionArguments) -> tuple[int, int] | None:
+    """The attention window as two ints, or None for global attention (also for a window that is the whole map);
+    ValueError for one larger than the map or combined with prefix tokens or a key mask."""
+    if window is None:
+        return None
+    hw = arguments.hw
+    window = (int(window[0]), int(window[1]))
+    if not (1 <= window[0] <= hw[0] and 1 <= window[1] <= hw[1]):
+        raise ValueError(
+            f"window {window} must fit the {tuple(hw)} map (1 <= window <= map per dimension); clamp it first "
+            "(linvit.ops.windows.clamp_window)."
+        )
+    if window[0] == hw[0] and window[1] == hw[1]:
+        return None
+    if arguments.num_prefix_tokens or arguments.key_mask is not None:
+        raise ValueError(
+            "window attention takes no prefix tokens and no key_mask (the padding of the map to whole windows is "
+            "masked already); attend globally for those."
+        )
+    return window
+
+
+def checked_arguments(
+    qkv: Tensor, arguments: LinearAttentionArguments, window: tuple[int, int] | None = None
+) -> LinearAttentionArguments:
+    """``arguments`` checked against qkv (and the window, whose tokens key_position then has) (ValueError/TypeError
+    saying what is wrong) and normalised: (H, W) and the focusing factor as numbers, the key mask as bool."""
     hw, num_heads, feature_map = arguments.hw, arguments.num_heads, arguments.feature_map
     inverse_temperature, key_position = arguments.inverse_temperature, arguments.key_position
-    dwc_weight, key_mask, spatial = arguments.dwc_weight, arguments.key_mask, hw[0] * hw[1]
+    dwc_weight, key_mask = arguments.dwc_weight, arguments.key_mask
+    spatial = hw[0] * hw[1] if window is None else window[0] * window[1]
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"Unknown feature_map {feature_map!r}; valid ones are {', '.join(FEATURE_MAPS)}.")
     channels = check_qkv(qkv, num_heads, hw, arguments.num_prefix_tokens)

@@ -4,7 +4,10 @@ one call, given the module's parameters.
     x ──(windows)──> qkv projection ──> key positions ──> feature maps, S, z, DWC ──(windows back)──> (B, N, C)
 
 - windows: global attention, or non-overlapping windows clamped to the map (`linvit.ops.windows`, shared with
-  window softmax): the map is padded to whole windows by a gather, and the padded keys are masked out of S and z.
+  window softmax), the map padded to whole windows, the padding holding no token: the core takes the window
+  (`linear_attention_qkv(window=...)`; the fused kernels read the windows in place, the other backends partition by
+  a gather); for the FAVOR+/Taylor cores and under TorchScript the tokens are partitioned here, before the
+  projection, and the padded keys are masked out of S and z.
 - qkv projection: with autograd off, in float32 and on the eager backend, the focused map's shift and temperature go
   into the projection, (x Wᵀ + b + eps) / s == x (W/s)ᵀ + (b + eps)/s (a 3C×C op on the weights instead of a pass
   over the queries and keys; not under fp16 autocast, where W/s could overflow), and the core maps that buffer in
@@ -93,7 +96,8 @@ def focused_linear_attention(
     batch = x.shape[0]
     tokens, grid = x, hw
     key_mask: Tensor | None = None
-    window: tuple[int, int] | None = None
+    window: tuple[int, int] | None = None  # windows partitioned here (the cores without a window argument)
+    core_window: tuple[int, int] | None = None  # windows the core attends in, reading them from the map's tokens
     position_index: Tensor | None = None
     if window_size is not None:
         if exporting():  # symbolic sizes: no branch on them
@@ -101,11 +105,14 @@ def focused_linear_attention(
         else:
             clamped = clamp_window(window_size, hw)
             if clamped[0] != hw[0] or clamped[1] != hw[1]:  # else one window: global attention
-                window = clamped
-                tokens, grid = partition_windows(x, hw, clamped, (0, 0)), clamped
-                key_mask = window_key_mask(hw, clamped, (0, 0), x.device)
-                if key_mask is not None:
-                    key_mask = key_mask.repeat(batch, 1)  # (B * nW, n), batch-major like the windows
+                if feature_map == "favor" or feature_map == "taylor" or torch.jit.is_scripting():
+                    window = clamped
+                    tokens, grid = partition_windows(x, hw, clamped, (0, 0)), clamped
+                    key_mask = window_key_mask(hw, clamped, (0, 0), x.device)
+                    if key_mask is not None:
+                        key_mask = key_mask.repeat(batch, 1)  # (B * nW, n), batch-major like the windows
+                else:
+                    core_window = clamped
 
     inverse_temperature: Tensor | None = None
     if scale is not None:
@@ -124,12 +131,20 @@ def focused_linear_attention(
     key_position: Tensor | None = None
     if position_table is not None:
         assert position_table_size is not None
-        key_position = resize_positional_table(position_table, position_table_size, grid)[0]  # (n, C)
+        table_grid = grid if core_window is None else core_window
+        key_position = resize_positional_table(position_table, position_table_size, table_grid)[0]  # (n, C)
     elif position_conv_weight is not None:
-        keys = channels_last_image(qkv[:, :, channels : 2 * channels], grid, key_mask)
+        keys = qkv[:, :, channels : 2 * channels]
+        conv_grid, conv_mask = grid, key_mask
+        if core_window is not None:  # the conv sees each window alone: the keys in windows, the padding masked
+            keys, conv_grid = partition_windows(keys, hw, core_window, (0, 0)), core_window
+            conv_mask = window_key_mask(hw, core_window, (0, 0), x.device)
+            if conv_mask is not None:
+                conv_mask = conv_mask.repeat(batch, 1)
+        keys = channels_last_image(keys, conv_grid, conv_mask)
         key_position = F.conv2d(
             keys, position_conv_weight, position_conv_bias, padding=position_conv_weight.shape[-1] // 2, groups=channels
-        ).permute(0, 2, 3, 1).reshape(qkv.shape[0], -1, channels)  # fmt: skip
+        ).permute(0, 2, 3, 1).flatten(1, 2)  # fmt: skip
 
     if feature_map == "favor" or feature_map == "taylor":  # MAPPED_FEATURE_MAPS (TorchScript reads no global tuple)
         out = _mapped_attention(
@@ -145,7 +160,7 @@ def focused_linear_attention(
             qkv, hw=grid, num_heads=num_heads, feature_map=feature_map, inverse_temperature=inverse_temperature,
             focusing_factor=focusing_factor, key_position=key_position, dwc_weight=dwc_weight, dwc_bias=dwc_bias,
             key_mask=key_mask, num_prefix_tokens=prefix, eps=eps, feature_eps=feature_eps, prescaled=prescaled,
-            backend=backend,
+            window=core_window, backend=backend,
         )  # fmt: skip
 
     if position_index is not None:

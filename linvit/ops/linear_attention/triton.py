@@ -24,6 +24,7 @@ from linvit.ops.linear_attention import triton_launch
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
 from linvit.ops.linear_attention.triton_launch import KernelOptions
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
+from linvit.ops.windows import partition_windows, window_key_mask
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
     from torch.library import triton_op, wrap_triton
@@ -72,13 +73,14 @@ def _custom_op(name: str, schema: str, fake):
 def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward op's outputs without running it: (B, N, C) in qkv's dtype and the float32 partial states
     S (B, chunks, h, d, d), z (B, chunks, h, d) and kept-key counts (B, chunks)."""
-    batch, tokens, channels = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-    num_heads = args[7]
+    channels = qkv.shape[2] // 3
+    walked = triton_launch.geometry(qkv.shape[0], qkv.shape[1], KernelOptions(*args[5:-1]))
+    batch, num_heads = walked.batch, args[7]
     head_dim = channels // num_heads
-    _, chunks = triton_launch.num_chunks(batch, tokens, qkv.device)
+    _, chunks = triton_launch.num_chunks(batch, walked.tokens, qkv.device)
     floats = {"dtype": torch.float32}
     return (
-        qkv.new_empty(batch, tokens, channels),
+        qkv.new_empty(qkv.shape[0], qkv.shape[1], channels),
         qkv.new_empty(batch, chunks, num_heads, head_dim, head_dim, **floats),
         qkv.new_empty(batch, chunks, num_heads, head_dim, **floats),
         qkv.new_empty(batch, chunks, **floats),
@@ -195,6 +197,8 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
     grad_position = grad_weight = grad_bias = None
     if key_position is not None and ctx.needs_input_grad[2]:
         grad_keys = grad_qkv[:, prefix:, channels : 2 * channels]  # dL/d(k + P) is dL/dk
+        if ctx.options.window_h:  # per window token: the keys' gradient in windows, zero on the padding
+            grad_keys = _window_keys(grad_keys, ctx.options)
         if key_position.shape[0] == 1:  # summed over the batch in fp32, without an fp32 copy of the keys' gradient
             grad_keys = grad_keys.sum(dim=0, keepdim=True, dtype=torch.float32)
         grad_position = grad_keys.to(key_position.dtype)
@@ -209,14 +213,27 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
         grad_position,
         grad_weight,
         grad_bias if ctx.needs_input_grad[4] else None,
-    ) + (None,) * 10
+    ) + (None,) * (len(KernelOptions._fields) + 2)  # the key mask, the options and prescaled
 
 
 _forward.register_autograd(_backward_from_autograd, setup_context=_setup_context)
 
 
-def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Tensor:
-    """:func:`linvit.ops.linear_attention_qkv` on CUDA tensors, with its checked arguments; (B, N, C) in qkv's dtype."""
+def _window_keys(keys: Tensor, options: KernelOptions) -> Tensor:
+    """(B, N, C) tokens → (B · windows, window tokens, C), zero on the padding of the map to whole windows."""
+    hw, window = (options.grid_h, options.grid_w), (options.window_h, options.window_w)
+    windows = partition_windows(keys, hw, window, (0, 0))
+    valid = window_key_mask(hw, window, (0, 0), keys.device)
+    if valid is None:
+        return windows
+    return windows * valid.repeat(keys.shape[0], 1).unsqueeze(-1).to(windows.dtype)
+
+
+def linear_attention_qkv(
+    qkv: Tensor, arguments: LinearAttentionArguments, window: tuple[int, int] | None = None
+) -> Tensor:
+    """:func:`linvit.ops.linear_attention_qkv` on CUDA tensors, with its checked arguments; (B, N, C) in qkv's dtype.
+    The kernels read the windows in place from the tokens (no partition copies)."""
     (
         hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
         key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
@@ -224,14 +241,15 @@ def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Te
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     if key_position is not None:
-        key_position = key_position.reshape(-1, qkv.shape[1] - num_prefix_tokens, qkv.shape[-1] // 3).contiguous()
+        spatial = qkv.shape[1] - num_prefix_tokens if window is None else window[0] * window[1]
+        key_position = key_position.reshape(-1, spatial, qkv.shape[-1] // 3).contiguous()
     if inverse_temperature is not None:
         inverse_temperature = inverse_temperature.contiguous()
     if dwc_weight is not None:
         dwc_weight = dwc_weight.contiguous()
     options = KernelOptions(
         hw[0], hw[1], num_heads, _MAP_CODES[feature_map], float(focusing_factor), num_prefix_tokens, float(eps),
-        float(feature_eps),
+        float(feature_eps), *(window or (0, 0)),
     )  # fmt: skip
     out, _, _, _ = _forward(qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, *options, prescaled)
     return out

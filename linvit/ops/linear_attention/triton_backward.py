@@ -35,16 +35,18 @@ def _store_row(row_ptr, values, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.cons
 def query_grad_kernel(
     qkv_ptr, inv_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, chunk, eps, feature_eps,
-    N_BUCKET,
+    grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    q_base = qkv_ptr + b.to(tl.int64) * stride_b
-    do_base = do_ptr + b.to(tl.int64) * do_stride_b
-    dq_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b
+    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    q_base = qkv_ptr + image.to(tl.int64) * stride_b
+    do_base = do_ptr + image.to(tl.int64) * do_stride_b
+    dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
     s_t = tl.permute(s, (0, 2, 1))
@@ -54,19 +56,22 @@ def query_grad_kernel(
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        ok = (rows < stop)[None, :, None] & channel_ok
-        x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
-        g = tiles.load_tile(do_base, rows, ok, do_stride_n, channels)
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        ok = ((rows < stop) & real)[None, :, None] & channel_ok
+        x = tiles.load_tile(q_base, places, ok, stride_n, channels)
+        g = tiles.load_tile(do_base, places, ok, do_stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
-        num = tiles.head_dot(phi, s, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION)
+        num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
         dnum = g / den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) / den
-        dphi = tiles.head_dot(dnum, s_t, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
+        dphi = tiles.head_product(dnum, s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
-        tl.store(dq_base + rows[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
+        tl.store(dq_base + places[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
         if HALF_DOT:
-            acc_ds = tiles.head_dot(tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds, H_PAD, DOT_PRECISION)
+            acc_ds = tiles.head_dot(
+                tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds, H_PAD, DOT_PRECISION
+            )
         else:
             acc_ds = tiles.head_dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, H_PAD, DOT_PRECISION)
         acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
@@ -80,10 +85,10 @@ def query_grad_kernel(
 def key_value_grad_kernel(
     qkv_ptr, pos_ptr, inv_ptr, mask_ptr, ds_ptr, dz_ptr, count_ptr, w_ptr, do_ptr, dqkv_ptr, grads_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, mask_stride_b,
-    prefix, chunk, grads_width, grid_h, grid_w, feature_eps, N_BUCKET,
+    prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients.
@@ -93,10 +98,11 @@ def key_value_grad_kernel(
     """
     b = tl.program_id(0)
     t = tl.program_id(1)
-    k_base = qkv_ptr + b.to(tl.int64) * stride_b + H * D
+    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
-    do_base = do_ptr + b.to(tl.int64) * do_stride_b
-    dk_base = dqkv_ptr + b.to(tl.int64) * dqkv_stride_b + H * D
+    do_base = do_ptr + image.to(tl.int64) * do_stride_b
+    dk_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + H * D
     dv_base = dk_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
@@ -108,28 +114,30 @@ def key_value_grad_kernel(
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < stop
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        row_ok = (rows < stop) & real
         keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
         ok = row_ok[None, :, None] & channel_ok
         keep_ok = keep[None, :, None] & channel_ok
-        x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, False)
-        v = tiles.load_tile(v_base, rows, keep_ok, stride_n, channels)
-        dphi = tiles.head_dot(v, gs_t, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION) + gz[:, None, :]
+        x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
+                            False)  # fmt: skip
+        v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
+        dphi = tiles.head_product(v, gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
         phi, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
-        tl.store(dk_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+        tl.store(dk_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
-        dv = tl.permute(tiles.head_dot(gs_t, tl.permute(phi, (0, 2, 1)), tl.zeros([H_PAD, D_PAD, BLOCK_N], tl.float32), H_PAD, DOT_PRECISION), (0, 2, 1))
+        dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi, (0, 2, 1)), H_PAD, DOT_PRECISION), (0, 2, 1))
         if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv = tiles.depthwise_conv(
-                dv, do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w,
-                H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True,
+                dv, do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
+                map_w, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
             )  # fmt: skip
-            own = tiles.load_tile(do_base, rows, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
+            own = tiles.load_tile(do_base, places, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
             acc_b += tl.sum(own, axis=1)
-        tl.store(dv_base + rows[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
+        tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
     _store_row(row, acc_dinv, H, D, H_PAD, D_PAD)
     if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K
@@ -141,9 +149,10 @@ def key_value_grad_kernel(
 def dwc_weight_grad_kernel(
     qkv_ptr, mask_ptr, do_ptr, grads_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
-    N_BUCKET,
+    map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):  # fmt: skip
     """The DWC weight's gradient for tap ``program_id(2)`` over the tokens of chunk t of batch element b:
     Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a head, summed over the heads (v zero at masked and class
@@ -151,22 +160,25 @@ def dwc_weight_grad_kernel(
     b = tl.program_id(0)
     t = tl.program_id(1)
     tap = tl.program_id(2)
-    v_base = qkv_ptr + b.to(tl.int64) * stride_b + 2 * H * D
-    do_base = do_ptr + b.to(tl.int64) * do_stride_b
+    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
+    do_base = do_ptr + image.to(tl.int64) * do_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     channels, channel_ok = tiles.tile_channels(H, D, H_PAD, D_PAD)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        keep = tiles.unmasked((rows < stop) & (rows >= prefix), mask_base, rows, HAS_MASK)
-        v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
+        v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
                     other=0.0)  # fmt: skip
         sources, source_ok = tiles.neighbour_rows(
             rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
         )
-        g = tl.load(do_base + sources[None, :, None] * do_stride_n + channels,
-                    mask=source_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+        source_places, source_real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
+        g = tl.load(do_base + source_places[None, :, None] * do_stride_n + channels,
+                    mask=(source_ok & source_real)[None, :, None] & channel_ok, other=0.0)  # fmt: skip
         # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a
         # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
         # instructions than converting both tiles and multiplying elementwise

@@ -29,15 +29,17 @@ from linvit.ops.linear_attention import triton_tiles as tiles
 @triton.jit
 def state_kernel(
     qkv_ptr, pos_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr,
-    N, stride_b, stride_n, pos_stride_b, mask_stride_b, prefix, chunk, feature_eps, N_BUCKET,
+    N, stride_b, stride_n, pos_stride_b, mask_stride_b, prefix, chunk, feature_eps, grid_h, grid_w, map_h, map_w,
+    windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
-    HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (every head)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    k_base = qkv_ptr + b.to(tl.int64) * stride_b + H * D
+    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
@@ -48,11 +50,13 @@ def state_kernel(
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        keep = tiles.unmasked(rows < stop, mask_base, rows, HAS_MASK)
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        keep = tiles.unmasked((rows < stop) & real, mask_base, rows, HAS_MASK)
         ok = keep[None, :, None] & channel_ok
-        x = tiles.load_keys(k_base, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS, PRESCALED)
+        x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
+                            PRESCALED)  # fmt: skip
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
-        v = tl.load(v_base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0)
+        v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=ok, other=0.0)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
             acc_s = tiles.head_dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s, H_PAD, DOT_PRECISION)
         else:
@@ -68,18 +72,19 @@ def state_kernel(
 def output_kernel(
     qkv_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr, w_ptr, bias_ptr, out_ptr,
     N, stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, prefix, chunk, grid_h, grid_w, eps,
-    feature_eps, N_BUCKET,
+    feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, WINDOWED: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    q_base = qkv_ptr + b.to(tl.int64) * stride_b
+    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    q_base = qkv_ptr + image.to(tl.int64) * stride_b
     v_base = q_base + 2 * H * D
-    out_base = out_ptr + b.to(tl.int64) * out_stride_b
+    out_base = out_ptr + image.to(tl.int64) * out_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
@@ -90,18 +95,18 @@ def output_kernel(
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < stop
-        ok = row_ok[None, :, None] & channel_ok
-        x = tiles.load_tile(q_base, rows, ok, stride_n, channels)
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        ok = ((rows < stop) & real)[None, :, None] & channel_ok
+        x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
-        num = tiles.head_dot(phi, s, tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32), H_PAD, DOT_PRECISION)
+        num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
             out = tiles.depthwise_conv(
-                out, v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
-                H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False,
+                out, v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
+                H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
             )  # fmt: skip
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
-        tl.store(out_base + rows[None, :, None] * out_stride_n + channels, out, mask=ok)
+        tl.store(out_base + places[None, :, None] * out_stride_n + channels, out, mask=ok)

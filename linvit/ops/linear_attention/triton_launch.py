@@ -62,7 +62,7 @@ class Launch:
 
 class KernelOptions(NamedTuple):
     """The scalar arguments of both custom ops (`triton.py`), in their order: the grid of the spatial tokens, the
-    heads, the feature map's code and power, the prefix tokens and the two epsilons."""
+    heads, the feature map's code and power, the prefix tokens, the two epsilons and the window (0 × 0: global)."""
 
     grid_h: int
     grid_w: int
@@ -72,6 +72,33 @@ class KernelOptions(NamedTuple):
     num_prefix_tokens: int
     eps: float
     feature_eps: float
+    window_h: int = 0
+    window_w: int = 0
+
+
+class Geometry(NamedTuple):
+    """What the kernels walk: ``batch`` elements of ``tokens`` tokens on a ``grid`` (the DWC's). In windows, the
+    elements are the windows of every image (image-major) and the kernels read them in place from the (B, N, ·)
+    tokens of the map padded to whole windows, the padding holding no token; else the images themselves."""
+
+    batch: int
+    tokens: int
+    grid: tuple[int, int]
+    windowed: bool
+    args: dict  # the kernels' window arguments: map_h, map_w, windows (per image), windows_w (per row of windows)
+
+
+def geometry(batch: int, tokens: int, options: KernelOptions) -> Geometry:
+    map_args = {"map_h": options.grid_h, "map_w": options.grid_w}
+    if not options.window_h:
+        return Geometry(
+            batch, tokens, (options.grid_h, options.grid_w), False, {**map_args, "windows": 1, "windows_w": 1}
+        )
+    window = (options.window_h, options.window_w)
+    windows_w = triton.cdiv(options.grid_w, window[1])
+    windows = triton.cdiv(options.grid_h, window[0]) * windows_w
+    return Geometry(batch * windows, window[0] * window[1], window, True, {**map_args, "windows": windows,
+                    "windows_w": windows_w})  # fmt: skip
 
 
 def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
@@ -166,8 +193,10 @@ def forward_plan(
     """The forward's launches, its output (B, N, C) and the partial states (S, z, kept) the backward needs.
 
     ``mask`` is the key mask as uint8 (or None)."""
-    grid_h, grid_w, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps = options
-    batch, tokens, _ = qkv.shape
+    _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
+    images, map_tokens, _ = qkv.shape
+    walked = geometry(images, map_tokens, options)
+    batch, tokens, (grid_h, grid_w) = walked.batch, walked.tokens, walked.grid
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
     head_dim = sizes["D"]
@@ -176,8 +205,10 @@ def forward_plan(
     partial_s = torch.empty(batch, chunks, num_heads, head_dim, head_dim, **floats)
     partial_z = torch.empty(batch, chunks, num_heads, head_dim, **floats)
     partial_count = torch.empty(batch, chunks, **floats)
-    out = torch.empty(batch, tokens, channels, device=qkv.device, dtype=qkv.dtype)
-    flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None}
+    out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
+    flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
+             "WINDOWED": walked.windowed}  # fmt: skip
+    window_args = {**walked.args, "grid_h": grid_h, "grid_w": grid_w, "N": tokens}
     trips = _tile_trips(tokens, chunk, chunks)
     state = Launch(
         "state",
@@ -195,6 +226,7 @@ def forward_plan(
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
+            **window_args,
         },
         {**sizes, **flags, "HAS_POS": key_position is not None},
         lambda block: (trips(block),),
@@ -219,10 +251,9 @@ def forward_plan(
             "out_stride_n": out.stride(1),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "grid_h": grid_h,
-            "grid_w": grid_w,
             "eps": eps,
             "feature_eps": feature_eps,
+            **window_args,
         },
         {
             **output_sizes,
@@ -250,10 +281,12 @@ def backward_plan(
 ) -> tuple[list[Launch], Tensor, Tensor]:
     """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
     then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
-    grid_h, grid_w, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps = options
+    _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
     partial_s, partial_z, partial_count = partials
-    batch, chunks = partial_count.shape
-    tokens = qkv.shape[1]
+    _, chunks = partial_count.shape
+    walked = geometry(qkv.shape[0], qkv.shape[1], options)
+    batch, tokens, (grid_h, grid_w) = walked.batch, walked.tokens, walked.grid
+    window_args = {**walked.args, "grid_h": grid_h, "grid_w": grid_w, "N": tokens}
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
     head_dim = sizes["D"]
@@ -262,7 +295,7 @@ def backward_plan(
         raise ValueError(f"the forward's partial states hold {chunks} chunks, this device plans {planned}")
     trips = _tile_trips(tokens, chunk, chunks)
     floats = {"device": qkv.device, "dtype": torch.float32}
-    grad_qkv = torch.empty(batch, tokens, 3 * channels, device=qkv.device, dtype=qkv.dtype)
+    grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
     partial_ds = torch.empty_like(partial_s)
     partial_dz = torch.empty_like(partial_z)
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
@@ -271,7 +304,7 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    common = {"MAP": feature_map, "POWER": focusing_factor}
+    common = {"MAP": feature_map, "POWER": focusing_factor, "WINDOWED": walked.windowed}
     query = Launch(
         "query_grad",
         triton_backward.query_grad_kernel,
@@ -293,6 +326,7 @@ def backward_plan(
             "dqkv_stride_n": grad_qkv.stride(1),
             "eps": eps,
             "feature_eps": feature_eps,
+            **window_args,
         },
         {**sizes, **common},
         lambda block: (chunks, trips(block)),
@@ -321,9 +355,8 @@ def backward_plan(
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "grads_width": width,
-            "grid_h": grid_h,
-            "grid_w": grid_w,
             "feature_eps": feature_eps,
+            **window_args,
         },
         {
             **sizes,
@@ -349,13 +382,13 @@ def backward_plan(
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "grads_width": width,
-            "grid_h": grid_h,
-            "grid_w": grid_w,
+            **window_args,
         },
         {
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD", "DOT_PRECISION")},
             "K": kernel_size,
             "HAS_MASK": mask is not None,
+            "WINDOWED": walked.windowed,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
         },
         lambda block: (trips(block),),

@@ -57,17 +57,49 @@ def unmasked(keep, mask_base, rows, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED: tl.constexpr):
+    """(image, first map row, first map column) of batch element b: with ``WINDOWED`` the batch elements are the
+    grid_h × grid_w windows of the images (``windows`` per image, ``windows_w`` per row of windows, image-major),
+    read in place from the image's tokens; else b is the image."""
+    if WINDOWED:
+        image = b // windows
+        window = b - image * windows
+        top = (window // windows_w) * grid_h
+        left = (window % windows_w) * grid_w
+    else:
+        image = b
+        top = 0
+        left = 0
+    return image, top, left
+
+
+@triton.jit
+def token_places(tokens, top, left, grid_w, map_h, map_w, WINDOWED: tl.constexpr):
+    """(row in the image's token layout, is a token of the map) of a window's token indices: the window of the map
+    padded to whole windows, whose padding holds no token. Without windows the indices themselves, all real."""
+    if WINDOWED:
+        y = top + tokens // grid_w
+        x = left + tokens % grid_w
+        places = y * map_w + x
+        real = (y < map_h) & (x < map_w)
+    else:
+        places = tokens
+        real = tokens >= 0
+    return places, real
+
+
+@triton.jit
 def load_tile(base, rows, ok, stride_n, channels):
     """x[rows, channels] of a (H_PAD, BLOCK_N, D_PAD) tile in fp32, zero where not ``ok``."""
     return tl.load(base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def load_keys(base, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr, HAS_POS: tl.constexpr,
-               PRESCALED: tl.constexpr):  # fmt: skip
-    """Raw keys of a tile plus the positional term on spatial tokens (scaled by inv when the temperature was folded
-    into the projection)."""
-    x = load_tile(base, rows, ok, stride_n, channels)
+def load_keys(base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr,
+              HAS_POS: tl.constexpr, PRESCALED: tl.constexpr):  # fmt: skip
+    """Raw keys of a tile (tokens ``rows``, stored at ``places``) plus the positional term on spatial tokens (scaled
+    by inv when the temperature was folded into the projection)."""
+    x = load_tile(base, places, ok, stride_n, channels)
     if HAS_POS:
         spatial = rows - prefix
         pos_ok = ok & (spatial >= 0)[None, :, None]
@@ -184,6 +216,12 @@ def head_dot(a, b, acc, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def head_product(a, b, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """a @ b for every head in fp32 (:func:`head_dot` from zero)."""
+    return head_dot(a, b, tl.zeros((a.shape[0], a.shape[1], b.shape[2]), tl.float32), H_PAD, DOT_PRECISION)
+
+
+@triton.jit
 def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
                    H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
     """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of batch element b: the partial sums of its chunks added in a
@@ -234,20 +272,21 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 
 @triton.jit
-def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w,
+def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
                    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
-                   TRANSPOSED: tl.constexpr):  # fmt: skip
+                   TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at
     ``base`` for the tokens row0 … row0 + BLOCK_N of a tile, (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
     transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
-    masked tokens count as zeros. Each tap is gathered once for all C channels.
+    masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the grid is the
+    window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
 
-    ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head as one
-    (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
-    fp32 accumulation. The products are D_PAD× what the conv needs (32× at head_dim 32), but the tensor cores take
-    them at a few instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA
-    per element (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32
+    ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head
+    as one (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
+    fp32 accumulation. The products are D_PAD× what the conv needs (32× at head_dim 32), but the tensor cores take them
+    at a few instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA per
+    element (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32
     multiply-adds."""
     if TENSOR_TAPS:
         flat = tl.arange(0, H_PAD * BLOCK_N)
@@ -270,7 +309,8 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
             dy, dx = -dy, -dx
         neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx)
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        value = tl.load(base + neighbours * stride_n + channels, mask=neighbour_ok & channel_ok, other=0.0)
+        places, real = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
+        value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & real & channel_ok, other=0.0)
         weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0)
         if TENSOR_TAPS:
             conv = tl.dot(value.to(TAP_DTYPE), tl.where(diagonal, weight, 0.0).to(TAP_DTYPE), conv)
