@@ -61,13 +61,13 @@ SHAPES = (
     Shape("benchmark (B=8, C=128, 4×32 heads, 256², bf16, 5×5 DWC)", 8, 4, 32, (256, 256)),
     Shape("linvit_tiny stage 1 (B=8, C=64, 2×32 heads, 256², bf16, 5×5 DWC)", 8, 2, 32, (256, 256)),
     Shape(
-        "flatten_swin_tiny stage 1 at 1024² (B=8, C=96, 3×32 heads, 256² in 7×7 windows read in place, bf16, 5×5 DWC)",
+        "flatten_swin_tiny stage 1 at 1120² (B=8, C=96, 3×32 heads, 280² in 56² windows read in place, bf16, 5×5 DWC)",
         8,
         3,
         32,
-        (256, 256),
-        window=(7, 7),
-    ),  # fmt: skip
+        (280, 280),
+        window=(56, 56),
+    ),
 )
 
 

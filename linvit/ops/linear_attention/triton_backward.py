@@ -149,62 +149,69 @@ def key_value_grad_kernel(
 def dwc_weight_grad_kernel(
     qkv_ptr, mask_ptr, do_ptr, grads_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
-    map_h, map_w, windows, windows_w, N_BUCKET,
+    map_h, map_w, windows, windows_w, items, items_per_program, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
 ):  # fmt: skip
-    """The DWC weight's gradient for tap ``program_id(2)`` over the tokens of chunk t of batch element b:
-    Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a head, summed over the heads (v zero at masked and class
-    tokens)."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    tap = tl.program_id(2)
-    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
-    v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
-    do_base = do_ptr + image.to(tl.int64) * do_stride_b
-    mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
+    """The DWC weight's gradient for tap ``program_id(1)`` over the items (chunk t of batch element b, item
+    b·chunks + t) p·items_per_program … of program p = ``program_id(0)``: Σ_n v[n] · dL/dout[n - offset(tap)] per
+    channel of a head, summed over the heads (v zero at masked and class tokens). Walking several items (the many
+    small windows of a windowed map) keeps the per-program work (the diagonal and its store) off the tokens."""
+    p = tl.program_id(0)
+    tap = tl.program_id(1)
+    chunks = tl.cdiv(N, chunk)
     channels, channel_ok = tiles.tile_channels(H, D, H_PAD, D_PAD)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
-    start, stop = tiles.chunk_bounds(t, chunk, N)
-    for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
-        v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
-                    other=0.0)  # fmt: skip
-        sources, source_ok = tiles.neighbour_rows(
-            rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
-        )
-        source_places, source_real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
-        g = tl.load(do_base + source_places[None, :, None] * do_stride_n + channels,
-                    mask=(source_ok & source_real)[None, :, None] & channel_ok, other=0.0)  # fmt: skip
-        # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a
-        # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
-        # instructions than converting both tiles and multiplying elementwise
-        if HALF_DOT:
-            acc = tl.dot(tl.permute(v, (0, 2, 1)), g.to(v.dtype), acc)
-        else:
-            acc = tl.dot(tl.permute(v.to(tl.float32), (0, 2, 1)), g.to(tl.float32), acc, input_precision=DOT_PRECISION)
+    for item in tl.range(p * items_per_program, tl.minimum((p + 1) * items_per_program, items)):
+        b = item // chunks
+        image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+        v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
+        do_base = do_ptr + image.to(tl.int64) * do_stride_b
+        mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
+        start, stop = tiles.chunk_bounds(item - b * chunks, chunk, N)
+        for row0 in tl.range(start, stop, BLOCK_N):
+            rows = row0 + tl.arange(0, BLOCK_N)
+            places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+            keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
+            v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
+                        other=0.0)  # fmt: skip
+            sources, source_ok = tiles.neighbour_rows(
+                rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
+            )
+            source_places, source_real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
+            g = tl.load(do_base + source_places[None, :, None] * do_stride_n + channels,
+                        mask=(source_ok & source_real)[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+            # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a
+            # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
+            # instructions than converting both tiles and multiplying elementwise
+            if HALF_DOT:
+                acc = tl.dot(tl.permute(v, (0, 2, 1)), g.to(v.dtype), acc)
+            else:
+                acc = tl.dot(tl.permute(v.to(tl.float32), (0, 2, 1)), g.to(tl.float32), acc,
+                             input_precision=DOT_PRECISION)  # fmt: skip
     dims = tl.arange(0, D_PAD)
     diagonal = tl.sum(tl.sum(tl.where(dims[None, :, None] == dims[None, None, :], acc, 0.0), axis=2), axis=0)
-    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width + H * D
+    row = grads_ptr + p.to(tl.int64) * grads_width + H * D
     tl.store(row + dims * (K * K) + tap, diagonal, mask=dims < D)
 
 
 @triton.jit
-def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, BLOCK: tl.constexpr,
-                    ROWS: tl.constexpr):  # fmt: skip
+def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, weight_end, weight_rows,
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
     """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
-    (rows, width), queries: (rows, query_width), fp32, contiguous."""
+    (rows, width), of whose columns query_width … weight_end (the DWC weight's) only the first weight_rows rows are
+    written; queries: (rows, query_width), fp32, contiguous."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < width
     query_ok = cols < query_width
+    weight_column = (cols >= query_width) & (cols < weight_end)
     acc = tl.zeros([ROWS, BLOCK], tl.float32)
     for row0 in tl.range(0, rows, ROWS):
         block_rows = (row0 + tl.arange(0, ROWS))[:, None]
         row_ok = block_rows < rows
-        acc += tl.load(keys_ptr + block_rows * width + cols[None, :], mask=row_ok & col_ok[None, :], other=0.0)
+        key_ok = row_ok & col_ok[None, :] & (~weight_column[None, :] | (block_rows < weight_rows))
+        acc += tl.load(keys_ptr + block_rows * width + cols[None, :], mask=key_ok, other=0.0)
         acc += tl.load(
             queries_ptr + block_rows * query_width + cols[None, :], mask=row_ok & query_ok[None, :], other=0.0
         )

@@ -42,6 +42,7 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 )
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
+WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
 SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
 SUM_ROWS = 8  # rows it adds per step
 
@@ -143,10 +144,25 @@ def chunk_granularity() -> int:
     return _INTERPRETER_BLOCK if interpreting() else max(block for block, _, _ in TILE_CONFIGS)
 
 
+def _device_multiprocessors(device: torch.device) -> int:
+    """The SMs of a CUDA device; 4 elsewhere (the interpreter)."""
+    return _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+
+
+def weight_items_per_program(items: int, taps: int, multiprocessors: int) -> int:
+    """Items (a chunk of a batch element: a run of tiles, or a window) per program of the DWC weight's gradient:
+    one, unless one per program makes more than ~32 programs per SM (the many 49-token windows of a windowed map),
+    where each program walks a run of items so that its fixed work (the diagonal and its store) is spread over them.
+    Under the interpreter two (fixed; the tests' small maps then cover runs and a ragged last run)."""
+    if interpreting():
+        return 2
+    return max(1, items * taps // (WEIGHT_PROGRAMS_PER_SM * multiprocessors))
+
+
 def num_chunks(batch: int, tokens: int, device: torch.device, multiprocessors: int | None = None) -> tuple[int, int]:
     """(chunk length, number of chunks) of the token axis: B · chunks ≤ the resident programs, as close as it gets."""
     if multiprocessors is None:
-        multiprocessors = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+        multiprocessors = _device_multiprocessors(device)
     target = PROGRAMS_PER_SM * multiprocessors
     granule = chunk_granularity()
     tiles = triton.cdiv(tokens, granule)
@@ -368,10 +384,15 @@ def backward_plan(
         },
         lambda block: (chunks, trips(block)),
     )
+    items = batch * chunks
+    per_program = weight_items_per_program(
+        items, kernel_size * kernel_size, multiprocessors or _device_multiprocessors(qkv.device)
+    )
+    weight_programs = triton.cdiv(items, per_program)
     weight = Launch(
         "dwc_weight_grad",
         triton_backward.dwc_weight_grad_kernel,
-        (batch, chunks, kernel_size * kernel_size),
+        (weight_programs, kernel_size * kernel_size),
         {
             **_walk(qkv, chunk),
             "mask_ptr": _optional(mask, qkv),
@@ -383,6 +404,8 @@ def backward_plan(
             "prefix": num_prefix_tokens,
             "grads_width": width,
             **window_args,
+            "items": items,
+            "items_per_program": per_program,
         },
         {
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD", "DOT_PRECISION")},
@@ -391,7 +414,8 @@ def backward_plan(
             "WINDOWED": walked.windowed,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
         },
-        lambda block: (trips(block),),
+        # one item per program: the launcher makes items_per_program the constant 1, and the item loop is gone
+        lambda block: (trips(block),) if per_program == 1 else (items / weight_programs, trips(block)),
     )
     total = Launch(
         "sum_grads",
@@ -404,6 +428,8 @@ def backward_plan(
             "rows": batch * chunks,
             "width": width,
             "query_width": channels,
+            "weight_end": channels + (head_dim * kernel_size * kernel_size if dwc_weight is not None else 0),
+            "weight_rows": weight_programs,
         },
         {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS},
         lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
