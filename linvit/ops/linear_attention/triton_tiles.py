@@ -84,7 +84,7 @@ def token_places(tokens, top, left, grid_w, map_h, map_w, WINDOWED: tl.constexpr
         real = (y < map_h) & (x < map_w)
     else:
         places = tokens
-        real = tokens >= 0
+        real = True  # a constant: the masks it joins fold it away
     return places, real
 
 
