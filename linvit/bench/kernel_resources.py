@@ -214,11 +214,13 @@ def markdown(figure: dict, headline: dict) -> str:
         "",
         "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
         + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
-        + ". A program holds every head of its tokens and each head's d × d state: at head_dim 64 (and at more than "
-        "128 channels) the backward kernels' states, their transposes and tiles exceed the registers and spill "
-        "(query_grad most; most of its spill is the dS accumulation φᵀ·dL/dnum: without it 1×64 spills 40 B, not 672. "
-        "8 warps spill more than 4, so the states as tensor-core operands are held by every warp; the way out is "
-        "products that read the states from shared memory, e.g. per-head 2-D products).",
+        + ". A program holds every head of its tokens. A single head's state products are 2-D tensor-core products "
+        "whose state the compiler keeps in shared memory (no spill at 1×64); several heads share one batched 3-D "
+        "product per tile, whose states and their transposes sit in registers in the operand layout, and from "
+        "head_dim 64 on the backward's query_grad (plus its H·d² dS accumulators) and key_value_grad spill. Per-head "
+        "2-D products over tuples of per-head tiles were counted too: no spill-free configuration at 4×64 and "
+        "1.3–3.2× the instructions at 4×32. The way out is a grid over head groups, with the focused map's per-token "
+        "norms computed once by a pass of their own and dq's cross-head term added by a second pass.",
     ]
     for entry in figure["shapes"]:
         lines += ["", f"## {entry['shape']['name']}", ""]
