@@ -38,12 +38,14 @@ def query_grad_kernel(
     grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOWED: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
     dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
@@ -88,7 +90,8 @@ def key_value_grad_kernel(
     prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr,
+    HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients.
@@ -98,7 +101,9 @@ def key_value_grad_kernel(
     """
     b = tl.program_id(0)
     t = tl.program_id(1)
-    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
@@ -152,7 +157,7 @@ def dwc_weight_grad_kernel(
     map_h, map_w, windows, windows_w, items, items_per_program, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOWED: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
     """The DWC weight's gradient for tap ``program_id(1)`` over the items (chunk t of batch element b, item
     b·chunks + t) p·items_per_program … of program p = ``program_id(0)``: Σ_n v[n] · dL/dout[n - offset(tap)] per
@@ -161,11 +166,13 @@ def dwc_weight_grad_kernel(
     p = tl.program_id(0)
     tap = tl.program_id(1)
     chunks = tl.cdiv(N, chunk)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
     channels, channel_ok = tiles.tile_channels(H, D, H_PAD, D_PAD)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     for item in tl.range(p * items_per_program, tl.minimum((p + 1) * items_per_program, items)):
         b = item // chunks
-        image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+        image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
         v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
         do_base = do_ptr + image.to(tl.int64) * do_stride_b
         mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b

@@ -33,12 +33,15 @@ def state_kernel(
     windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
-    HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr,
+    HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (every head)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
@@ -76,12 +79,14 @@ def output_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr, WINDOWED: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
     b = tl.program_id(0)
     t = tl.program_id(1)
-    image, top, left = tiles.window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     v_base = q_base + 2 * H * D
     out_base = out_ptr + image.to(tl.int64) * out_stride_b

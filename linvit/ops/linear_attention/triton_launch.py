@@ -88,6 +88,11 @@ class Geometry(NamedTuple):
     windowed: bool
     args: dict  # the kernels' window arguments: map_h, map_w, windows (per image), windows_w (per row of windows)
 
+    @property
+    def window_constants(self) -> dict:
+        """The window's sizes as the kernels' compile-time WINDOW_H, WINDOW_W (0 × 0: global)."""
+        return {"WINDOW_H": self.grid[0], "WINDOW_W": self.grid[1]} if self.windowed else {"WINDOW_H": 0, "WINDOW_W": 0}
+
 
 def geometry(batch: int, tokens: int, options: KernelOptions) -> Geometry:
     map_args = {"map_h": options.grid_h, "map_w": options.grid_w}
@@ -223,7 +228,7 @@ def forward_plan(
     partial_count = torch.empty(batch, chunks, **floats)
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
-             "WINDOWED": walked.windowed}  # fmt: skip
+             **walked.window_constants}  # fmt: skip
     window_args = {**walked.args, "grid_h": grid_h, "grid_w": grid_w, "N": tokens}
     trips = _tile_trips(tokens, chunk, chunks)
     state = Launch(
@@ -320,7 +325,7 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    common = {"MAP": feature_map, "POWER": focusing_factor, "WINDOWED": walked.windowed}
+    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants}
     query = Launch(
         "query_grad",
         triton_backward.query_grad_kernel,
@@ -411,7 +416,7 @@ def backward_plan(
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD", "DOT_PRECISION")},
             "K": kernel_size,
             "HAS_MASK": mask is not None,
-            "WINDOWED": walked.windowed,
+            **walked.window_constants,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
         },
         # one item per program: the launcher makes items_per_program the constant 1, and the item loop is gone

@@ -57,15 +57,28 @@ def unmasked(keep, mask_base, rows, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def window_origin(b, windows, windows_w, grid_h, grid_w, WINDOWED: tl.constexpr):
-    """(image, first map row, first map column) of batch element b: with ``WINDOWED`` the batch elements are the
-    grid_h × grid_w windows of the images (``windows`` per image, ``windows_w`` per row of windows, image-major),
-    read in place from the image's tokens; else b is the image."""
-    if WINDOWED:
+def window_grid(grid_h, grid_w, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr):
+    """The grid a batch element's tokens lie on: the WINDOW_H × WINDOW_W window (compile-time sizes: the index
+    arithmetic divides by constants), or without one (``WINDOW_H`` = 0) the grid_h × grid_w map."""
+    if WINDOW_H > 0:
+        height = WINDOW_H
+        width = WINDOW_W
+    else:
+        height = grid_h
+        width = grid_w
+    return height, width
+
+
+@triton.jit
+def window_origin(b, windows, windows_w, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr):
+    """(image, first map row, first map column) of batch element b: with a window the batch elements are the windows
+    of the images (``windows`` per image, ``windows_w`` per row of windows, image-major), read in place from the
+    image's tokens; else b is the image."""
+    if WINDOW_H > 0:
         image = b // windows
         window = b - image * windows
-        top = (window // windows_w) * grid_h
-        left = (window % windows_w) * grid_w
+        top = (window // windows_w) * WINDOW_H
+        left = (window % windows_w) * WINDOW_W
     else:
         image = b
         top = 0
