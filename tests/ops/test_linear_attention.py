@@ -269,6 +269,9 @@ def test_environment_variable_sets_the_process_default():
         ({"key_position": torch.zeros(3, 32)}, "key_position must be"),
         ({"dwc_weight": torch.zeros(32, 1, 5, 5)}, "dwc_weight must be"),
         ({"key_mask": torch.ones(2, 7, dtype=torch.bool)}, "key_mask must be"),
+        ({"window": (6, 7)}, "must fit the"),  # the map is 5 × 7
+        ({"window": (2, 2)}, "no prefix tokens and no key_mask"),  # the case masks keys
+        ({"window": (5, 1), "key_mask": None}, r"key_position must be \(5, 32\)"),  # one row per window token
     ],
 )
 def test_wrong_arguments_say_what_is_expected(change, match):
