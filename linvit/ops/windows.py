@@ -28,6 +28,7 @@ __all__ = [
     "symbolic_min",
     "symbolic_window_layout",
     "window_key_mask",
+    "window_keys",
     "window_layout",
     "window_partition",
     "window_position_index",
@@ -292,6 +293,16 @@ def partition_windows(x: Tensor, hw: tuple[int, int], window: tuple[int, int], s
         return window_partition(x.view(x.shape[0], hw[0], hw[1], x.shape[-1]), window)
     token_index, _ = window_layout(hw, window, shift, x.device)
     return x.index_select(1, token_index).view(-1, window[0] * window[1], x.shape[-1])
+
+
+def window_keys(x: Tensor, hw: tuple[int, int], window: tuple[int, int]) -> tuple[Tensor, Tensor | None]:
+    """(B, H*W, C) tokens -> their unshifted windows (`partition_windows`) and which of their positions hold a real
+    token, (B * num_windows, wh * ww) bool, batch-major like the windows (None when nothing is padded): what linear
+    attention in windows masks its keys with."""
+    valid = window_key_mask(hw, window, (0, 0), x.device)
+    if valid is not None:
+        valid = valid.repeat(x.shape[0], 1)
+    return partition_windows(x, hw, window, (0, 0)), valid
 
 
 def merge_windows(

@@ -19,7 +19,7 @@ from linvit.ops.linear_attention.arguments import (
     checked_arguments,
     checked_window,
 )
-from linvit.ops.windows import merge_windows, partition_windows, window_key_mask
+from linvit.ops.windows import merge_windows, window_keys
 
 __all__ = ["FEATURE_MAPS", "LinearAttentionArguments", "boolean_key_mask", "linear_attention_qkv"]
 
@@ -85,15 +85,14 @@ def linear_attention_qkv(
 
         return fused.linear_attention_qkv(qkv, arguments, window)
     if window is not None:  # the reference form: partition, attend in each window, merge
-        valid = window_key_mask(arguments.hw, window, (0, 0), qkv.device)
-        windows = partition_windows(qkv, arguments.hw, window, (0, 0))
-        in_windows = arguments._replace(hw=window, key_mask=None if valid is None else valid.repeat(qkv.shape[0], 1))
-        out = (
-            naive.linear_attention_qkv(windows, in_windows)
-            if name == "naive"
-            else eager.scriptable_linear_attention_qkv(windows, *in_windows)
-        )
+        windows, valid = window_keys(qkv, arguments.hw, window)
+        out = _unfused(name, windows, arguments._replace(hw=window, key_mask=valid))
         return merge_windows(out, qkv.shape[0], arguments.hw, window, (0, 0))
+    return _unfused(name, qkv, arguments)
+
+
+def _unfused(name: str, qkv: Tensor, arguments: LinearAttentionArguments) -> Tensor:
+    """The naive or the eager backend on checked arguments."""
     if name == "naive":
         return naive.linear_attention_qkv(qkv, arguments)
     return eager.scriptable_linear_attention_qkv(qkv, *arguments)

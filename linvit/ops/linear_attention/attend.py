@@ -37,10 +37,9 @@ from linvit.ops.windows import (
     clamp_window,
     exporting,
     merge_windows,
-    partition_windows,
     symbolic_min,
     symbolic_window_layout,
-    window_key_mask,
+    window_keys,
 )
 
 __all__ = ["MAPPED_FEATURE_MAPS", "focused_linear_attention"]
@@ -106,11 +105,8 @@ def focused_linear_attention(
             clamped = clamp_window(window_size, hw)
             if clamped[0] != hw[0] or clamped[1] != hw[1]:  # else one window: global attention
                 if feature_map == "favor" or feature_map == "taylor" or torch.jit.is_scripting():
-                    window = clamped
-                    tokens, grid = partition_windows(x, hw, clamped, (0, 0)), clamped
-                    key_mask = window_key_mask(hw, clamped, (0, 0), x.device)
-                    if key_mask is not None:
-                        key_mask = key_mask.repeat(batch, 1)  # (B * nW, n), batch-major like the windows
+                    window, grid = clamped, clamped
+                    tokens, key_mask = window_keys(x, hw, clamped)
                 else:
                     core_window = clamped
 
@@ -137,10 +133,8 @@ def focused_linear_attention(
         keys = qkv[:, :, channels : 2 * channels]
         conv_grid, conv_mask = grid, key_mask
         if core_window is not None:  # the conv sees each window alone: the keys in windows, the padding masked
-            keys, conv_grid = partition_windows(keys, hw, core_window, (0, 0)), core_window
-            conv_mask = window_key_mask(hw, core_window, (0, 0), x.device)
-            if conv_mask is not None:
-                conv_mask = conv_mask.repeat(batch, 1)
+            keys, conv_mask = window_keys(keys, hw, core_window)
+            conv_grid = core_window
         keys = channels_last_image(keys, conv_grid, conv_mask)
         key_position = F.conv2d(
             keys, position_conv_weight, position_conv_bias, padding=position_conv_weight.shape[-1] // 2, groups=channels

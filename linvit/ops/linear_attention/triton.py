@@ -24,7 +24,7 @@ from linvit.ops.linear_attention import triton_launch
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
 from linvit.ops.linear_attention.triton_launch import KernelOptions
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
-from linvit.ops.windows import partition_windows, window_key_mask
+from linvit.ops.windows import window_keys
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees
     from torch.library import triton_op, wrap_triton
@@ -221,12 +221,8 @@ _forward.register_autograd(_backward_from_autograd, setup_context=_setup_context
 
 def _window_keys(keys: Tensor, options: KernelOptions) -> Tensor:
     """(B, N, C) tokens → (B · windows, window tokens, C), zero on the padding of the map to whole windows."""
-    hw, window = (options.grid_h, options.grid_w), (options.window_h, options.window_w)
-    windows = partition_windows(keys, hw, window, (0, 0))
-    valid = window_key_mask(hw, window, (0, 0), keys.device)
-    if valid is None:
-        return windows
-    return windows * valid.repeat(keys.shape[0], 1).unsqueeze(-1).to(windows.dtype)
+    windows, valid = window_keys(keys, (options.grid_h, options.grid_w), (options.window_h, options.window_w))
+    return windows if valid is None else windows * valid.unsqueeze(-1).to(windows.dtype)
 
 
 def linear_attention_qkv(

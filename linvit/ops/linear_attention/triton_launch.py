@@ -95,6 +95,7 @@ class Geometry(NamedTuple):
 
 
 def geometry(batch: int, tokens: int, options: KernelOptions) -> Geometry:
+    """The :class:`Geometry` of B images of N tokens under these options."""
     map_args = {"map_h": options.grid_h, "map_w": options.grid_w}
     if not options.window_h:
         return Geometry(
@@ -191,9 +192,19 @@ def _optional(tensor: Tensor | None, fallback: Tensor) -> Tensor:
     return fallback if tensor is None else tensor
 
 
-def _walk(qkv: Tensor, chunk: int) -> dict:
-    """The arguments every tiled kernel takes to walk its chunk of the projection output's tokens."""
-    return {"qkv_ptr": qkv, "N": qkv.shape[1], "stride_b": qkv.stride(0), "stride_n": qkv.stride(1), "chunk": chunk}
+def _walk(qkv: Tensor, chunk: int, walked: Geometry) -> dict:
+    """The arguments every tiled kernel takes to walk its chunk of the projection output's tokens (in windows, of a
+    window's tokens)."""
+    return {
+        "qkv_ptr": qkv,
+        "N": walked.tokens,
+        "stride_b": qkv.stride(0),
+        "stride_n": qkv.stride(1),
+        "chunk": chunk,
+        "grid_h": walked.grid[0],
+        "grid_w": walked.grid[1],
+        **walked.args,
+    }
 
 
 def _position_stride(key_position: Tensor | None) -> int:
@@ -217,7 +228,7 @@ def forward_plan(
     _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
     images, map_tokens, _ = qkv.shape
     walked = geometry(images, map_tokens, options)
-    batch, tokens, (grid_h, grid_w) = walked.batch, walked.tokens, walked.grid
+    batch, tokens = walked.batch, walked.tokens
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
     head_dim = sizes["D"]
@@ -229,14 +240,13 @@ def forward_plan(
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
              **walked.window_constants}  # fmt: skip
-    window_args = {**walked.args, "grid_h": grid_h, "grid_w": grid_w, "N": tokens}
     trips = _tile_trips(tokens, chunk, chunks)
     state = Launch(
         "state",
         triton_forward.state_kernel,
         (batch, chunks),
         {
-            **_walk(qkv, chunk),
+            **_walk(qkv, chunk, walked),
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
@@ -247,7 +257,6 @@ def forward_plan(
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
-            **window_args,
         },
         {**sizes, **flags, "HAS_POS": key_position is not None},
         lambda block: (trips(block),),
@@ -259,7 +268,7 @@ def forward_plan(
         triton_forward.output_kernel,
         (batch, chunks),
         {
-            **_walk(qkv, chunk),
+            **_walk(qkv, chunk, walked),
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
             "s_ptr": partial_s,
@@ -274,7 +283,6 @@ def forward_plan(
             "prefix": num_prefix_tokens,
             "eps": eps,
             "feature_eps": feature_eps,
-            **window_args,
         },
         {
             **output_sizes,
@@ -306,8 +314,7 @@ def backward_plan(
     partial_s, partial_z, partial_count = partials
     _, chunks = partial_count.shape
     walked = geometry(qkv.shape[0], qkv.shape[1], options)
-    batch, tokens, (grid_h, grid_w) = walked.batch, walked.tokens, walked.grid
-    window_args = {**walked.args, "grid_h": grid_h, "grid_w": grid_w, "N": tokens}
+    batch, tokens = walked.batch, walked.tokens
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
     head_dim = sizes["D"]
@@ -331,7 +338,7 @@ def backward_plan(
         triton_backward.query_grad_kernel,
         (batch, chunks),
         {
-            **_walk(qkv, chunk),
+            **_walk(qkv, chunk, walked),
             "inv_ptr": inv,
             "s_ptr": partial_s,
             "z_ptr": partial_z,
@@ -347,7 +354,6 @@ def backward_plan(
             "dqkv_stride_n": grad_qkv.stride(1),
             "eps": eps,
             "feature_eps": feature_eps,
-            **window_args,
         },
         {**sizes, **common},
         lambda block: (chunks, trips(block)),
@@ -357,7 +363,7 @@ def backward_plan(
         triton_backward.key_value_grad_kernel,
         (batch, chunks),
         {
-            **_walk(qkv, chunk),
+            **_walk(qkv, chunk, walked),
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": inv,
             "mask_ptr": _optional(mask, qkv),
@@ -377,7 +383,6 @@ def backward_plan(
             "prefix": num_prefix_tokens,
             "grads_width": width,
             "feature_eps": feature_eps,
-            **window_args,
         },
         {
             **sizes,
@@ -399,7 +404,7 @@ def backward_plan(
         triton_backward.dwc_weight_grad_kernel,
         (weight_programs, kernel_size * kernel_size),
         {
-            **_walk(qkv, chunk),
+            **_walk(qkv, chunk, walked),
             "mask_ptr": _optional(mask, qkv),
             "do_ptr": grad_out,
             "grads_ptr": key_grads,
@@ -408,7 +413,6 @@ def backward_plan(
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "grads_width": width,
-            **window_args,
             "items": items,
             "items_per_program": per_program,
         },
