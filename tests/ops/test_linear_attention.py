@@ -34,6 +34,11 @@ CASES = {
     "focused_no_dwc_one_row": _case("focused", (1, 11), 2, 16, kernel=0, mask=True),
     "focused_head_dim_64": _case("focused", (5, 4), 2, 64, kernel=5, mask=True),
     "focused_head_dim_128": _case("focused", (3, 3), 1, 128, kernel=3),
+    # head groups (one program per group of heads; the focused map's norms and cross-head term in passes of their
+    # own): two 64-wide heads in windows with class-free padding; six 24-wide heads in a full and a ragged group of 4
+    "focused_head_groups_windows": _case("focused", (5, 6), 2, 64, kernel=3, window=(4, 4), mask=False),
+    "focused_head_groups_ragged": _case("focused", (4, 5), 6, 24, kernel=3, mask=True, prefix=1, power=2.5),
+    "relu_head_groups": _case("relu", (3, 4), 2, 64, kernel=3, mask=True),
     "focused_windows_padded": _case("focused", (7, 9), 2, 16, kernel=3, window=(4, 4), position="batched"),
     "relu": _case("relu", (7, 3), 2, 16, kernel=5, mask=True),
     "relu_windows": _case("relu", (8, 4), 3, 16, kernel=5, window=(4, 2)),

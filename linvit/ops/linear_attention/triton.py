@@ -1,7 +1,8 @@
 """Fused Triton linear attention on a qkv projection, registered as torch custom ops.
 
 The forward op (``torch.ops.linvit.linear_attention_qkv_forward``) returns the output and the fp32 partial states of
-its token chunks (S, z and the kept-key counts; the kernels that consume them add them up); the backward op
+its token chunks (S, z and the kept-key counts; the kernels that consume them add them up), and with head groups the
+focused map's per-token norms (else an empty tensor); the backward op
 (``torch.ops.linvit.linear_attention_qkv_backward``) recomputes the feature maps from q|k|v and returns dL/dqkv and
 the small gradients (inverse temperature, DWC weight and bias) as one fp32 vector. They are Triton ops
 (``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
@@ -47,10 +48,10 @@ _OPTIONS = ", ".join(
 )
 _FORWARD_SCHEMA = (
     "(Tensor qkv, Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? dwc_bias, "
-    f"Tensor? key_mask, {_OPTIONS}, bool prescaled) -> (Tensor, Tensor, Tensor, Tensor)"
+    f"Tensor? key_mask, {_OPTIONS}, bool prescaled) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _BACKWARD_SCHEMA = (
-    "(Tensor grad_out, Tensor qkv, Tensor partial_s, Tensor partial_z, Tensor partial_count, "
+    "(Tensor grad_out, Tensor qkv, Tensor partial_s, Tensor partial_z, Tensor partial_count, Tensor token_norms, "
     f"Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? key_mask, {_OPTIONS}) "
     "-> (Tensor, Tensor)"
 )
@@ -70,27 +71,30 @@ def _custom_op(name: str, schema: str, fake):
     return register
 
 
-def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The forward op's outputs without running it: (B, N, C) in qkv's dtype and the float32 partial states
-    S (B, chunks, h, d, d), z (B, chunks, h, d) and kept-key counts (B, chunks)."""
+def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward op's outputs without running it: (B, N, C) in qkv's dtype, the float32 partial states
+    S (B, chunks, h, d, d), z (B, chunks, h, d) and kept-key counts (B, chunks), and the per-token norms."""
     channels = qkv.shape[2] // 3
-    walked = triton_launch.geometry(qkv.shape[0], qkv.shape[1], KernelOptions(*args[5:-1]))
-    batch, num_heads = walked.batch, args[7]
+    options = KernelOptions(*args[5:-1])
+    walked = triton_launch.geometry(qkv.shape[0], qkv.shape[1], options)
+    batch, num_heads = walked.batch, options.num_heads
     head_dim = channels // num_heads
-    _, chunks = triton_launch.num_chunks(batch, walked.tokens, qkv.device)
+    groups = triton_launch.head_groups(num_heads, head_dim)
+    _, chunks = triton_launch.num_chunks(batch, walked.tokens, qkv.device, groups=groups)
     floats = {"dtype": torch.float32}
     return (
         qkv.new_empty(qkv.shape[0], qkv.shape[1], channels),
         qkv.new_empty(batch, chunks, num_heads, head_dim, head_dim, **floats),
         qkv.new_empty(batch, chunks, num_heads, head_dim, **floats),
         qkv.new_empty(batch, chunks, **floats),
+        qkv.new_empty(triton_launch.token_norms_shape(qkv.shape[0], qkv.shape[1], channels, options), **floats),
     )
 
 
 def _backward_shapes(grad_out: Tensor, qkv: Tensor, partial_s: Tensor, *args) -> tuple[Tensor, Tensor]:
     """The backward op's outputs without running it: dqkv and the small gradients as one fp32 vector (the inverse
     temperature's C values, then the DWC weight's d·k·k and bias's d)."""
-    dwc_weight = args[4]
+    dwc_weight = args[5]  # after partial_z, partial_count, token_norms, inverse_temperature, key_position
     channels, head_dim = qkv.shape[2] // 3, partial_s.shape[-1]
     width = channels + (0 if dwc_weight is None else head_dim * dwc_weight.shape[-1] ** 2 + head_dim)
     return torch.empty_like(qkv), qkv.new_empty(width, dtype=torch.float32)
@@ -136,8 +140,8 @@ def _forward(
     dwc_bias: Tensor | None,
     key_mask: Tensor | None,
     *scalars: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The output and the partial states; ``scalars``: the KernelOptions, then prescaled."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The output, the partial states and the per-token norms; ``scalars``: the KernelOptions, then prescaled."""
     *options, prescaled = scalars
     launches, out, partials = triton_launch.forward_plan(
         qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, _mask_bytes(key_mask), KernelOptions(*options),
@@ -154,6 +158,7 @@ def _backward(
     partial_s: Tensor,
     partial_z: Tensor,
     partial_count: Tensor,
+    token_norms: Tensor,
     inverse_temperature: Tensor | None,
     key_position: Tensor | None,
     dwc_weight: Tensor | None,
@@ -162,7 +167,7 @@ def _backward(
 ) -> tuple[Tensor, Tensor]:
     """dL/dqkv and the small gradients; ``options``: the KernelOptions."""
     launches, grad_qkv, small_grads = triton_launch.backward_plan(
-        grad_out, qkv, (partial_s, partial_z, partial_count), inverse_temperature, key_position, dwc_weight,
+        grad_out, qkv, (partial_s, partial_z, partial_count, token_norms), inverse_temperature, key_position, dwc_weight,
         _mask_bytes(key_mask), KernelOptions(*options),
     )  # fmt: skip
     _run(launches)
@@ -171,17 +176,15 @@ def _backward(
 
 def _setup_context(ctx, inputs, output) -> None:
     qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask = inputs[:6]
-    _, partial_s, partial_z, partial_count = output
-    ctx.save_for_backward(
-        qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position, dwc_weight, key_mask
-    )
+    _, *partials = output
+    ctx.save_for_backward(qkv, *partials, inverse_temperature, key_position, dwc_weight, key_mask)
     *options, ctx.prescaled = inputs[6:]
     ctx.options = KernelOptions(*options)
-    ctx.mark_non_differentiable(partial_s, partial_z, partial_count)
+    ctx.mark_non_differentiable(*partials)
 
 
 def _backward_from_autograd(ctx, grad_out: Tensor, *_):
-    qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position, dwc_weight, key_mask = (
+    qkv, partial_s, partial_z, partial_count, token_norms, inverse_temperature, key_position, dwc_weight, key_mask = (
         ctx.saved_tensors
     )
     if ctx.prescaled:
@@ -190,8 +193,8 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
             "call it with prescaled=False when gradients are needed."
         )
     grad_qkv, small_grads = _backward(
-        grad_out.contiguous(), qkv, partial_s, partial_z, partial_count, inverse_temperature, key_position,
-        dwc_weight, key_mask, *ctx.options,
+        grad_out.contiguous(), qkv, partial_s, partial_z, partial_count, token_norms, inverse_temperature,
+        key_position, dwc_weight, key_mask, *ctx.options,
     )  # fmt: skip
     channels, prefix = qkv.shape[-1] // 3, ctx.options.num_prefix_tokens
     grad_position = grad_weight = grad_bias = None
@@ -247,5 +250,5 @@ def linear_attention_qkv(
         hw[0], hw[1], num_heads, _MAP_CODES[feature_map], float(focusing_factor), num_prefix_tokens, float(eps),
         float(feature_eps), *(window or (0, 0)),
     )  # fmt: skip
-    out, _, _, _ = _forward(qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, *options, prescaled)
+    out, *_ = _forward(qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, *options, prescaled)
     return out

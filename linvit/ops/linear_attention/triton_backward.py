@@ -1,10 +1,12 @@
 """Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`).
 
-Four launches:
+Four launches, five for the focused map with head groups (``cross_head_grad_kernel``):
 
 - ``query_grad_kernel`` (grid batch × chunk): sums the forward's partial states, then per tile of queries
   dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
   program holds every head of its tokens, so the focused map's cross-head term is a sum within the tile: one pass.
+  With head groups it holds some heads: it writes its share of each token's cross-head sum, and
+  ``cross_head_grad_kernel`` adds that term to dq and dk once both gradient kernels are done.
 - ``key_value_grad_kernel`` (grid batch × chunk): sums the partial dL/dS, dL/dz, then per tile of keys dL/dk and
   dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once for all
   channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and reduced once
@@ -12,6 +14,8 @@ Four launches:
 - ``dwc_weight_grad_kernel`` (grid batch × chunk × tap): the DWC weight's gradient Σ v · dL/dout(shifted), one tap
   per program, from a tensor-core product of the raw tiles accumulated over the chunk, whose diagonal is taken once
   (a reduction per tap and tile inside the key kernel cost more than the rest of the backward together).
+- ``cross_head_grad_kernel`` (head groups, focused map; grid batch × chunk × group): the cross-head term of dq and
+  dk added in place, and its share of the temperature gradient.
 - ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
 """
 
@@ -24,23 +28,25 @@ from linvit.ops.linear_attention import triton_tiles as tiles
 
 
 @triton.jit
-def _store_row(row_ptr, values, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """Store an (H_PAD, D_PAD) accumulator as C = H·D values."""
-    heads = tl.arange(0, H_PAD)[:, None]
+def _store_row(row_ptr, values, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
+               D_PAD: tl.constexpr):  # fmt: skip
+    """Store an (H_PAD, D_PAD) accumulator of the heads head0 … into their columns of a row of C = H·D values."""
+    heads = head0 + tl.arange(0, H_PAD)[:, None]
     dims = tl.arange(0, D_PAD)[None, :]
     tl.store(row_ptr + heads * D + dims, values, mask=(heads < H) & (dims < D))
 
 
 @triton.jit
 def query_grad_kernel(
-    qkv_ptr, inv_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr,
-    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, chunk, eps, feature_eps,
-    grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
+    qkv_ptr, inv_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr, cross_ptr,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, norms_stride_b, cross_stride_b,
+    chunk, eps, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
-    """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient."""
+    """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
+    group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
@@ -49,8 +55,12 @@ def query_grad_kernel(
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
     dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
-    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
+    GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
+    cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
+    head0 = tiles.first_head(GROUPED, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     s_t = tl.permute(s, (0, 2, 1))
     acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_dz = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
@@ -59,17 +69,23 @@ def query_grad_kernel(
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        ok = ((rows < stop) & real)[None, :, None] & channel_ok
+        row_ok = (rows < stop) & real
+        ok = row_ok[None, :, None] & channel_ok
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         g = tiles.load_tile(do_base, places, ok, do_stride_n, channels)
-        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, False), 0.0)
+        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, False,
+                                          TOKEN_NORMS), 0.0)  # fmt: skip
         num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
         dnum = g / den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) / den
         dphi = tiles.head_product(dnum, s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
-        _, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, MAP, POWER)
+        _, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
+                                                sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
         tl.store(dq_base + places[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
+        if TOKEN_NORMS:
+            tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
         if HALF_DOT:
             acc_ds = tiles.head_dot(
                 tl.permute(phi.to(tl.bfloat16), (0, 2, 1)), dnum.to(tl.bfloat16), acc_ds, H_PAD, DOT_PRECISION
@@ -79,22 +95,24 @@ def query_grad_kernel(
         acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
         acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, H, D, H_PAD, D_PAD)
-    _store_row(grads_ptr + slot * (H * D), acc_dinv, H, D, H_PAD, D_PAD)
+    tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, head0, H, D, H_PAD, D_PAD)
+    _store_row(grads_ptr + slot * (H * D), acc_dinv, head0, H, D, H_PAD, D_PAD)
 
 
 @triton.jit
 def key_value_grad_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, ds_ptr, dz_ptr, count_ptr, w_ptr, do_ptr, dqkv_ptr, grads_ptr,
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, w_ptr, do_ptr, dqkv_ptr, grads_ptr,
+    cross_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, mask_stride_b,
-    prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
+    norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w,
+    windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
-    weight and bias gradients.
+    weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``).
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
@@ -111,8 +129,12 @@ def key_value_grad_kernel(
     dv_base = dk_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
-    gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
+    GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
+    cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + GROUPS + tl.program_id(2)  # the keys' share
+    head0 = tiles.first_head(GROUPED, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     gs_t = tl.permute(gs, (0, 2, 1))
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
     acc_b = tl.zeros([H_PAD, D_PAD], tl.float32)
@@ -128,8 +150,12 @@ def key_value_grad_kernel(
                             False)  # fmt: skip
         v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
         dphi = tiles.head_product(v, gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
-        phi, dx, dinv = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, MAP, POWER)
+        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
+                                                  sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
         tl.store(dk_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+        if TOKEN_NORMS:
+            tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
@@ -138,16 +164,16 @@ def key_value_grad_kernel(
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv = tiles.depthwise_conv(
                 dv, do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
-                map_w, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
+                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
             )  # fmt: skip
             own = tiles.load_tile(do_base, places, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
             acc_b += tl.sum(own, axis=1)
         tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
-    _store_row(row, acc_dinv, H, D, H_PAD, D_PAD)
-    if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K
-        tl.store(row + H * D + D * K * K + tl.arange(0, D_PAD), tl.sum(acc_b, axis=0),
-                 mask=tl.arange(0, D_PAD) < D)  # fmt: skip
+    _store_row(row, acc_dinv, head0, H, D, H_PAD, D_PAD)
+    if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K, one per group
+        bias_row = row + H * D + D * K * K + tl.program_id(2) * D
+        tl.store(bias_row + tl.arange(0, D_PAD), tl.sum(acc_b, axis=0), mask=tl.arange(0, D_PAD) < D)
 
 
 @triton.jit
@@ -168,7 +194,7 @@ def dwc_weight_grad_kernel(
     chunks = tl.cdiv(N, chunk)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
-    channels, channel_ok = tiles.tile_channels(H, D, H_PAD, D_PAD)
+    channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     for item in tl.range(p * items_per_program, tl.minimum((p + 1) * items_per_program, items)):
         b = item // chunks
@@ -204,21 +230,81 @@ def dwc_weight_grad_kernel(
 
 
 @triton.jit
-def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, query_width, weight_end, weight_rows,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+def cross_head_grad_kernel(
+    qkv_ptr, pos_ptr, inv_ptr, norms_ptr, cross_ptr, dqkv_ptr, grads_ptr,
+    N, stride_b, stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, norms_stride_b, cross_stride_b, prefix, chunk,
+    feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    POWER: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+):  # fmt: skip
+    """The focused map's cross-head term of dq and dk (head groups), added in place for the tokens of chunk t of batch
+    element b and the heads of group ``program_id(2)``: each token's cross summed over the groups' shares times a
+    factor of its own channels (`triton_tiles.cross_head_grad`); and its temperature gradient, added to the
+    chunk's row of the queries' partials."""
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
+    q_base = qkv_ptr + image.to(tl.int64) * stride_b
+    dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
+    pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b
+    cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b
+    GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
+    head0 = tiles.first_head(True, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
+    for row0 in tl.range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        row_ok = (rows < stop) & real
+        ok = row_ok[None, :, None] & channel_ok
+        for which in tl.static_range(2):  # the queries, then the keys (the columns C … 2C, norms 3 floats earlier)
+            if which == 0:
+                x = tiles.load_tile(q_base, places, ok, stride_n, channels)
+            else:
+                x = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
+                                    HAS_POS, False)  # fmt: skip
+            cross = tl.zeros([BLOCK_N], tl.float32)
+            for group in tl.static_range(GROUPS):
+                cross += tl.load(cross_base + places * (2 * GROUPS) + which * GROUPS + group, mask=row_ok,
+                                 other=0.0)  # fmt: skip
+            m, sq_a, sq_y = tiles.load_norms(norms_base + 3 * (1 - which), places, row_ok, True)
+            dx, dinv = tiles.cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER)
+            grad = dq_base + which * (H * D) + places[None, :, None] * dqkv_stride_n + channels
+            tl.store(grad, tl.load(grad, mask=ok, other=0.0).to(tl.float32) + dx, mask=ok)
+            acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
+    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * (H * D)
+    heads = head0 + tl.arange(0, H_PAD)[:, None]
+    dims = tl.arange(0, D_PAD)[None, :]
+    columns_ok = (heads < H) & (dims < D)
+    columns = row + heads * D + dims
+    tl.store(columns, tl.load(columns, mask=columns_ok, other=0.0) + acc_dinv, mask=columns_ok)
+
+
+@triton.jit
+def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, key_width, query_width, weight_end, weight_rows,
+                    bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr):  # fmt: skip
     """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
-    (rows, width), of whose columns query_width … weight_end (the DWC weight's) only the first weight_rows rows are
-    written; queries: (rows, query_width), fp32, contiguous."""
+    (rows, key_width), of whose columns query_width … weight_end (the DWC weight's) only the first weight_rows rows
+    are written, and whose last BIAS_GROUPS · bias_width columns (the DWC bias's, one share per head group) are
+    added into the bias_width columns of out from weight_end on; queries: (rows, query_width), fp32, contiguous."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < width
     query_ok = cols < query_width
     weight_column = (cols >= query_width) & (cols < weight_end)
+    bias_column = (cols >= weight_end) & col_ok
     acc = tl.zeros([ROWS, BLOCK], tl.float32)
     for row0 in tl.range(0, rows, ROWS):
         block_rows = (row0 + tl.arange(0, ROWS))[:, None]
         row_ok = block_rows < rows
         key_ok = row_ok & col_ok[None, :] & (~weight_column[None, :] | (block_rows < weight_rows))
-        acc += tl.load(keys_ptr + block_rows * width + cols[None, :], mask=key_ok, other=0.0)
+        acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :], mask=key_ok, other=0.0)
+        for group in tl.static_range(1, BIAS_GROUPS):
+            acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :] + group * bias_width,
+                           mask=row_ok & bias_column[None, :], other=0.0)  # fmt: skip
         acc += tl.load(
             queries_ptr + block_rows * query_width + cols[None, :], mask=row_ok & query_ok[None, :], other=0.0
         )

@@ -5,8 +5,11 @@ Only bytes moved should count (head_dim 32 gives ~13 FLOP per byte), so the kern
 (B, N, 3C) projection output through its strides, recompute the feature maps instead of storing them, and keep only
 fp32 partial states between the passes. The grid of every kernel is (batch, token chunk): a chunk is a run of tiles
 that one program walks, and the number of chunks is chosen so that the programs fill the GPU once (see
-`triton_launch.py`). Two launches:
+`triton_launch.py`); with head groups (see `triton_tiles.py`) it has a third axis, over the groups. Two launches,
+three for the focused map with head groups:
 
+- ``token_norms_kernel`` (head groups, focused map only): each token's m, ‖â‖², ‖â^p‖² over all C channels of its
+  key (with the positional term) and its query, which the head-group programs cannot see;
 - ``state_kernel``: the partial S = Σ φ(k) vᵀ (H × D × D, one batched tensor-core product per tile with fp32
   accumulation), z = Σ φ(k) and the number of kept keys of one chunk;
 - ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
@@ -28,15 +31,15 @@ from linvit.ops.linear_attention import triton_tiles as tiles
 
 @triton.jit
 def state_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr,
-    N, stride_b, stride_n, pos_stride_b, mask_stride_b, prefix, chunk, feature_eps, grid_h, grid_w, map_h, map_w,
-    windows, windows_w, N_BUCKET,
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr,
+    N, stride_b, stride_n, pos_stride_b, mask_stride_b, norms_stride_b, prefix, chunk, feature_eps, grid_h, grid_w,
+    map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
-    """Partial S, z and kept-key count of the keys of chunk t of batch element b (every head)."""
+    """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
@@ -46,7 +49,9 @@ def state_kernel(
     v_base = k_base + H * D
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
+    head0 = tiles.first_head(GROUPED, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_z = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     kept = tl.zeros([BLOCK_N], tl.float32)
@@ -58,7 +63,9 @@ def state_kernel(
         ok = keep[None, :, None] & channel_ok
         x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
                             PRESCALED)  # fmt: skip
-        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
+        m, sq_a, sq_y = tiles.load_norms(norms_base, places, keep, TOKEN_NORMS)
+        phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+        phi = tl.where(ok, phi, 0.0)
         v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=ok, other=0.0)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
             acc_s = tiles.head_dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s, H_PAD, DOT_PRECISION)
@@ -67,21 +74,24 @@ def state_kernel(
         acc_z += phi
         kept += keep.to(tl.float32)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    tiles.store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), H, D, H_PAD, D_PAD)
-    tl.store(count_ptr + slot, tl.sum(kept, axis=0))
+    tiles.store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), head0, H, D, H_PAD, D_PAD)
+    if head0 == 0:  # every group counts the same keys
+        tl.store(count_ptr + slot, tl.sum(kept, axis=0))
 
 
 @triton.jit
 def output_kernel(
-    qkv_ptr, inv_ptr, mask_ptr, s_ptr, z_ptr, count_ptr, w_ptr, bias_ptr, out_ptr,
-    N, stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, prefix, chunk, grid_h, grid_w, eps,
-    feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
+    qkv_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, w_ptr, bias_ptr, out_ptr,
+    N, stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, norms_stride_b, prefix, chunk, grid_h, grid_w,
+    eps, feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr,
+    TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
-    """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b."""
+    """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
+    group's heads)."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
@@ -91,9 +101,11 @@ def output_kernel(
     v_base = q_base + 2 * H * D
     out_base = out_ptr + image.to(tl.int64) * out_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, H, D, H_PAD, D_PAD)
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
+    head0 = tiles.first_head(GROUPED, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), H, D, H_PAD, D_PAD)
+    s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
@@ -101,17 +113,60 @@ def output_kernel(
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        ok = ((rows < stop) & real)[None, :, None] & channel_ok
+        row_ok = (rows < stop) & real
+        ok = row_ok[None, :, None] & channel_ok
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
-        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, MAP, POWER, PRESCALED), 0.0)
+        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+        phi = tl.where(ok, phi, 0.0)
         num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
             out = tiles.depthwise_conv(
                 out, v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
-                H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
+                head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
             )  # fmt: skip
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
         tl.store(out_base + places[None, :, None] * out_stride_n + channels, out, mask=ok)
+
+
+@triton.jit
+def token_norms_kernel(
+    qkv_ptr, pos_ptr, inv_ptr, norms_ptr,
+    N, stride_b, stride_n, pos_stride_b, norms_stride_b, prefix, chunk, feature_eps, grid_h, grid_w, map_h, map_w,
+    windows, windows_w, N_BUCKET,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr,
+    WINDOW_W: tl.constexpr,
+):  # fmt: skip
+    """The focused map's (m, ‖â‖², ‖â^p‖²) of the key (with its positional term) and the query of each token of chunk t
+    of batch element b, over all C channels (the tile holds every head), as 6 fp32 per token of the image's tokens:
+    the keys' three, then the queries'."""
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    WINDOWED: tl.constexpr = WINDOW_H > 0
+    q_base = qkv_ptr + image.to(tl.int64) * stride_b
+    pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
+    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, 0, H, D, H_PAD, D_PAD)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
+    for row0 in tl.range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+        row_ok = (rows < stop) & real
+        ok = row_ok[None, :, None] & channel_ok
+        keys = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
+                               HAS_POS, PRESCALED)  # fmt: skip
+        m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)
+        tl.store(norms_base + places * 6, m, mask=row_ok)
+        tl.store(norms_base + places * 6 + 1, sq_a, mask=row_ok)
+        tl.store(norms_base + places * 6 + 2, sq_y, mask=row_ok)
+        queries = tiles.load_tile(q_base, places, ok, stride_n, channels)
+        m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(queries, inv, channel_ok, feature_eps, PRESCALED), POWER)
+        tl.store(norms_base + places * 6 + 3, m, mask=row_ok)
+        tl.store(norms_base + places * 6 + 4, sq_a, mask=row_ok)
+        tl.store(norms_base + places * 6 + 5, sq_y, mask=row_ok)

@@ -4,9 +4,11 @@ A plan is a list of :class:`Launch` (kernel, grid, arguments, compile-time const
 runtime loops). The custom ops in `triton.py` run the plans; ``python -m benchmarks.kernel_resources --cost`` compiles
 the same plans for sm_90 without a GPU and counts what they issue. One source for both keeps the count honest.
 
-Chunking: every kernel has the grid (batch, chunk). A chunk is a run of token tiles that one program walks, and the
-number of chunks is chosen so that B · chunks fills the GPU's resident programs once (an exact wave, no tail): the
-partial states a chunk writes (4·C·d bytes) are then few, and the kernels that consume them add them up themselves.
+Chunking: every tiled kernel has the grid (batch, chunk, head group). A chunk is a run of token tiles that one
+program walks, and the number of chunks is chosen so that B · chunks · groups fills the GPU's resident programs once
+(an exact wave, no tail): the partial states a chunk writes (4·C·d bytes) are then few, and the kernels that consume
+them add them up themselves. A program holds every head of its tokens unless their d × d states outgrow its
+registers (:func:`heads_per_program`); then the heads are split into groups, one per program.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import Tensor
 
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_backward, triton_forward
+from linvit.ops.linear_attention.triton_tiles import FOCUSED
 
 __all__ = ["KernelOptions", "Launch", "backward_plan", "forward_plan", "kernel_sizes", "num_chunks", "TILE_CONFIGS"]
 
@@ -43,6 +46,9 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
 WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
+# fp32 elements of the per-program d × d states (heads × d²) that the backward kernels hold without spilling: 4 × 32²
+# at C = 128 is spill-free by the cost figure; 2 × 64² and more spill (query_grad's states and dS accumulators)
+STATE_BUDGET = 4 * 32 * 32
 SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
 SUM_ROWS = 8  # rows it adds per step
 
@@ -108,15 +114,33 @@ def geometry(batch: int, tokens: int, options: KernelOptions) -> Geometry:
                     "windows_w": windows_w})  # fmt: skip
 
 
+def heads_per_program(num_heads: int, head_dim: int) -> int:
+    """The heads one program of the tiled kernels holds (a tile's H_PAD): all of them (padded to a power of two)
+    where their d × d states fit STATE_BUDGET, else the largest power of two that fits (at least one)."""
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    every = triton.next_power_of_2(num_heads)
+    if every * head_dim_pad**2 <= STATE_BUDGET:
+        return every
+    fit = STATE_BUDGET // head_dim_pad**2
+    return 1 << (fit.bit_length() - 1) if fit else 1
+
+
+def head_groups(num_heads: int, head_dim: int) -> int:
+    """The groups of :func:`heads_per_program` heads (the last may be ragged): the grid's third axis."""
+    return triton.cdiv(num_heads, heads_per_program(num_heads, head_dim))
+
+
 def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
-    """The compile-time sizes of one shape: heads, head dim, both padded to powers of two, and the dot precisions."""
+    """The compile-time sizes of one shape: heads, head dim, the heads of a program's tiles and the head dim, both
+    padded to powers of two, whether the heads are split into groups, and the dot precisions."""
     head_dim = channels // num_heads
     half = dtype in (torch.float16, torch.bfloat16)
     return {
         "H": num_heads,
         "D": head_dim,
-        "H_PAD": triton.next_power_of_2(num_heads),
+        "H_PAD": heads_per_program(num_heads, head_dim),
         "D_PAD": max(16, triton.next_power_of_2(head_dim)),
+        "GROUPED": head_groups(num_heads, head_dim) > 1,
         # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation); fp16 ones could
         # overflow there, so they and the fp32 state products use tf32; fp32 inputs keep fp32 products
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
@@ -165,14 +189,17 @@ def weight_items_per_program(items: int, taps: int, multiprocessors: int) -> int
     return max(1, items * taps // (WEIGHT_PROGRAMS_PER_SM * multiprocessors))
 
 
-def num_chunks(batch: int, tokens: int, device: torch.device, multiprocessors: int | None = None) -> tuple[int, int]:
-    """(chunk length, number of chunks) of the token axis: B · chunks ≤ the resident programs, as close as it gets."""
+def num_chunks(
+    batch: int, tokens: int, device: torch.device, multiprocessors: int | None = None, groups: int = 1
+) -> tuple[int, int]:
+    """(chunk length, number of chunks) of the token axis: B · chunks · head groups ≤ the resident programs, as close
+    as it gets."""
     if multiprocessors is None:
         multiprocessors = _device_multiprocessors(device)
     target = PROGRAMS_PER_SM * multiprocessors
     granule = chunk_granularity()
     tiles = triton.cdiv(tokens, granule)
-    chunks = max(1, min(tiles, target // max(batch, 1)))
+    chunks = max(1, min(tiles, target // max(batch * groups, 1)))
     chunk = triton.cdiv(tiles, chunks) * granule
     return chunk, triton.cdiv(tokens, chunk)
 
@@ -211,6 +238,13 @@ def _position_stride(key_position: Tensor | None) -> int:
     return 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
 
 
+def token_norms_shape(images: int, map_tokens: int, channels: int, options: KernelOptions) -> tuple[int, ...]:
+    """The shape of the focused map's per-token norms the forward hands the backward: (images, N, 6) fp32 (the keys'
+    m, ‖â‖², ‖â^p‖², then the queries') where the heads are split into groups, else (0,) (nothing to hand)."""
+    grouped = head_groups(options.num_heads, channels // options.num_heads) > 1
+    return (images, map_tokens, 6) if grouped and options.feature_map == FOCUSED else (0,)
+
+
 def forward_plan(
     qkv: Tensor,
     inverse_temperature: Tensor | None,
@@ -221,8 +255,9 @@ def forward_plan(
     options: KernelOptions,
     prescaled: bool,
     multiprocessors: int | None = None,
-) -> tuple[list[Launch], Tensor, tuple[Tensor, Tensor, Tensor]]:
-    """The forward's launches, its output (B, N, C) and the partial states (S, z, kept) the backward needs.
+) -> tuple[list[Launch], Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """The forward's launches, its output (B, N, C) and what the backward needs: the partial states (S, z, kept) and
+    the focused map's per-token norms (:func:`token_norms_shape`).
 
     ``mask`` is the key mask as uint8 (or None)."""
     _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
@@ -231,22 +266,27 @@ def forward_plan(
     batch, tokens = walked.batch, walked.tokens
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
-    head_dim = sizes["D"]
-    chunk, chunks = num_chunks(batch, tokens, qkv.device, multiprocessors)
+    head_dim, groups = sizes["D"], head_groups(num_heads, sizes["D"])
+    chunk, chunks = num_chunks(batch, tokens, qkv.device, multiprocessors, groups)
     floats = {"device": qkv.device, "dtype": torch.float32}
     partial_s = torch.empty(batch, chunks, num_heads, head_dim, head_dim, **floats)
     partial_z = torch.empty(batch, chunks, num_heads, head_dim, **floats)
     partial_count = torch.empty(batch, chunks, **floats)
+    norms = torch.empty(token_norms_shape(images, map_tokens, channels, options), **floats)
+    token_norms = norms.numel() > 0
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
-             **walked.window_constants}  # fmt: skip
+             **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
     trips = _tile_trips(tokens, chunk, chunks)
+    norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * 6}
+    launches = [_token_norms(qkv, inverse_temperature, key_position, norms, options, prescaled, multiprocessors)]
     state = Launch(
         "state",
         triton_forward.state_kernel,
-        (batch, chunks),
+        (batch, chunks, groups),
         {
             **_walk(qkv, chunk, walked),
+            **norms_args,
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
@@ -266,9 +306,10 @@ def forward_plan(
     output = Launch(
         "output",
         triton_forward.output_kernel,
-        (batch, chunks),
+        (batch, chunks, groups),
         {
             **_walk(qkv, chunk, walked),
+            **norms_args,
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
             "s_ptr": partial_s,
@@ -294,13 +335,59 @@ def forward_plan(
         },
         lambda block: (chunks, trips(block)),
     )
-    return [state, output], out, (partial_s, partial_z, partial_count)
+    launches = [launch for launch in launches if launch is not None] + [state, output]
+    return launches, out, (partial_s, partial_z, partial_count, norms)
+
+
+def _token_norms(
+    qkv: Tensor,
+    inverse_temperature: Tensor | None,
+    key_position: Tensor | None,
+    norms: Tensor,
+    options: KernelOptions,
+    prescaled: bool,
+    multiprocessors: int | None,
+) -> Launch | None:
+    """The launch that fills ``norms`` (none if it is empty): every head of a token in one program, so chunked as a
+    kernel without head groups."""
+    if norms.numel() == 0:
+        return None
+    walked = geometry(qkv.shape[0], qkv.shape[1], options)
+    sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
+    chunk, chunks = num_chunks(walked.batch, walked.tokens, qkv.device, multiprocessors)
+    trips = _tile_trips(walked.tokens, chunk, chunks)
+    return Launch(
+        "token_norms",
+        triton_forward.token_norms_kernel,
+        (walked.batch, chunks),
+        {
+            **_walk(qkv, chunk, walked),
+            "pos_ptr": _optional(key_position, qkv),
+            "inv_ptr": _optional(inverse_temperature, qkv),
+            "norms_ptr": norms,
+            "pos_stride_b": _position_stride(key_position),
+            "norms_stride_b": norms[0].numel(),
+            "prefix": options.num_prefix_tokens,
+            "feature_eps": options.feature_eps,
+        },
+        {
+            "H": sizes["H"],
+            "D": sizes["D"],
+            "H_PAD": triton.next_power_of_2(options.num_heads),
+            "D_PAD": sizes["D_PAD"],
+            "POWER": options.focusing_factor,
+            "PRESCALED": prescaled,
+            "HAS_POS": key_position is not None,
+            **walked.window_constants,
+        },
+        lambda block: (trips(block),),
+    )
 
 
 def backward_plan(
     grad_out: Tensor,
     qkv: Tensor,
-    partials: tuple[Tensor, Tensor, Tensor],
+    partials: tuple[Tensor, Tensor, Tensor, Tensor],
     inverse_temperature: Tensor | None,
     key_position: Tensor | None,
     dwc_weight: Tensor | None,
@@ -311,14 +398,15 @@ def backward_plan(
     """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
     then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
     _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
-    partial_s, partial_z, partial_count = partials
+    partial_s, partial_z, partial_count, norms = partials
     _, chunks = partial_count.shape
-    walked = geometry(qkv.shape[0], qkv.shape[1], options)
+    images, map_tokens, _ = qkv.shape
+    walked = geometry(images, map_tokens, options)
     batch, tokens = walked.batch, walked.tokens
     channels = qkv.shape[-1] // 3
     sizes = kernel_sizes(channels, num_heads, qkv.dtype)
-    head_dim = sizes["D"]
-    chunk, planned = num_chunks(batch, tokens, qkv.device, multiprocessors)
+    head_dim, groups = sizes["D"], head_groups(num_heads, sizes["D"])
+    chunk, planned = num_chunks(batch, tokens, qkv.device, multiprocessors, groups)
     if planned != chunks:
         raise ValueError(f"the forward's partial states hold {chunks} chunks, this device plans {planned}")
     trips = _tile_trips(tokens, chunk, chunks)
@@ -326,32 +414,47 @@ def backward_plan(
     grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
     partial_ds = torch.empty_like(partial_s)
     partial_dz = torch.empty_like(partial_z)
+    token_norms = norms.numel() > 0
+    # each token's share of the focused map's cross-head sum per head group: the queries', then the keys'
+    cross = torch.empty(images, map_tokens, 2, groups, **floats) if token_norms else qkv
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
-    width = channels + (head_dim * kernel_size * kernel_size + head_dim if dwc_weight is not None else 0)
+    weight_end = channels + (head_dim * kernel_size * kernel_size if dwc_weight is not None else 0)
+    width = weight_end + (head_dim if dwc_weight is not None else 0)
+    key_width = width + (groups - 1) * head_dim if dwc_weight is not None else width  # a bias share per group
     query_grads = torch.empty(batch * chunks, channels, **floats)
-    key_grads = torch.empty(batch * chunks, width, **floats)
+    key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants}
+    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
+    group_args = {
+        "norms_ptr": norms if token_norms else qkv,
+        "cross_ptr": cross,
+        "norms_stride_b": map_tokens * 6,
+        "cross_stride_b": map_tokens * 2 * groups,
+    }
+    grad_args = {
+        "do_ptr": grad_out,
+        "dqkv_ptr": grad_qkv,
+        "do_stride_b": grad_out.stride(0),
+        "do_stride_n": grad_out.stride(1),
+        "dqkv_stride_b": grad_qkv.stride(0),
+        "dqkv_stride_n": grad_qkv.stride(1),
+    }
     query = Launch(
         "query_grad",
         triton_backward.query_grad_kernel,
-        (batch, chunks),
+        (batch, chunks, groups),
         {
             **_walk(qkv, chunk, walked),
+            **group_args,
+            **grad_args,
             "inv_ptr": inv,
             "s_ptr": partial_s,
             "z_ptr": partial_z,
             "count_ptr": partial_count,
-            "do_ptr": grad_out,
-            "dqkv_ptr": grad_qkv,
             "ds_ptr": partial_ds,
             "dz_ptr": partial_dz,
             "grads_ptr": query_grads,
-            "do_stride_b": grad_out.stride(0),
-            "do_stride_n": grad_out.stride(1),
-            "dqkv_stride_b": grad_qkv.stride(0),
-            "dqkv_stride_n": grad_qkv.stride(1),
             "eps": eps,
             "feature_eps": feature_eps,
         },
@@ -361,9 +464,11 @@ def backward_plan(
     key_value = Launch(
         "key_value_grad",
         triton_backward.key_value_grad_kernel,
-        (batch, chunks),
+        (batch, chunks, groups),
         {
             **_walk(qkv, chunk, walked),
+            **group_args,
+            **grad_args,
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": inv,
             "mask_ptr": _optional(mask, qkv),
@@ -371,17 +476,11 @@ def backward_plan(
             "dz_ptr": partial_dz,
             "count_ptr": partial_count,
             "w_ptr": _optional(dwc_weight, qkv),
-            "do_ptr": grad_out,
-            "dqkv_ptr": grad_qkv,
             "grads_ptr": key_grads,
-            "do_stride_b": grad_out.stride(0),
-            "do_stride_n": grad_out.stride(1),
-            "dqkv_stride_b": grad_qkv.stride(0),
-            "dqkv_stride_n": grad_qkv.stride(1),
             "pos_stride_b": _position_stride(key_position),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "grads_width": width,
+            "grads_width": key_width,
             "feature_eps": feature_eps,
         },
         {
@@ -393,6 +492,31 @@ def backward_plan(
             "HAS_DWC": dwc_weight is not None,
         },
         lambda block: (chunks, trips(block)),
+    )
+    cross_head = Launch(
+        "cross_head_grad",
+        triton_backward.cross_head_grad_kernel,
+        (batch, chunks, groups),
+        {
+            **_walk(qkv, chunk, walked),
+            **group_args,
+            "pos_ptr": _optional(key_position, qkv),
+            "inv_ptr": inv,
+            "dqkv_ptr": grad_qkv,
+            "grads_ptr": query_grads,
+            "dqkv_stride_b": grad_qkv.stride(0),
+            "dqkv_stride_n": grad_qkv.stride(1),
+            "pos_stride_b": _position_stride(key_position),
+            "prefix": num_prefix_tokens,
+            "feature_eps": feature_eps,
+        },
+        {
+            **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
+            "POWER": focusing_factor,
+            "HAS_POS": key_position is not None,
+            **walked.window_constants,
+        },
+        lambda block: (trips(block),),
     )
     items = batch * chunks
     per_program = weight_items_per_program(
@@ -412,12 +536,15 @@ def backward_plan(
             "do_stride_n": grad_out.stride(1),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
-            "grads_width": width,
+            "grads_width": key_width,
             "items": items,
             "items_per_program": per_program,
         },
         {
-            **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD", "DOT_PRECISION")},
+            "H": num_heads,
+            "D": head_dim,
+            "H_PAD": triton.next_power_of_2(num_heads),
+            **{key: sizes[key] for key in ("D_PAD", "DOT_PRECISION")},
             "K": kernel_size,
             "HAS_MASK": mask is not None,
             **walked.window_constants,
@@ -436,14 +563,16 @@ def backward_plan(
             "out_ptr": small_grads,
             "rows": batch * chunks,
             "width": width,
+            "key_width": key_width,
             "query_width": channels,
-            "weight_end": channels + (head_dim * kernel_size * kernel_size if dwc_weight is not None else 0),
+            "weight_end": weight_end,
             "weight_rows": weight_programs,
+            "bias_width": head_dim,
         },
-        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS},
+        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1},
         lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
         tuned=False,
         num_warps=4,
     )
-    launches = [query, key_value] + ([weight] if dwc_weight is not None else []) + [total]
-    return launches, grad_qkv, small_grads
+    launches = [query, key_value] + ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
+    return launches + [total], grad_qkv, small_grads

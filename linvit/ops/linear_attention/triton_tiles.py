@@ -7,6 +7,12 @@ token in one program is what the focused map needs (its norms run over all C cha
 be gathered once for all channels; the per-head products S = φ(k)ᵀv and φ(q)·S are one batched (3-D) ``tl.dot``
 (:func:`head_dot`; a 2-D one for a single head).
 
+Head groups: where every head's d × d state does not fit a program's registers (head_dim 64 from two heads on), the
+grid has a third axis over groups of H_PAD heads (``program_id(2)``; the last group may be ragged), and a tile holds
+the heads head0 … head0 + H_PAD of its tokens. The focused map's norms over all C channels of a token then come from
+a pass of their own (``TOKEN_NORMS``: per token m, ‖â‖², ‖â^p‖², :func:`load_norms`), and the part of dL/dx that
+couples the heads (cross · factor, :func:`cross_head_grad`) is added by a pass after the gradient kernels.
+
 Feature maps (``MAP``): 0 focused, 1 relu, 2 elu + 1. The focused map is a = (relu(x) + feature_eps)·inv
 (max(x, feature_eps·inv) when ``PRESCALED``: x already holds (x + feature_eps)·inv) and φ = ‖a‖ / ‖a^p‖ · a^p with
 the norms over all C channels of a token, evaluated scale-free: with m = max_c a and â = a / m,
@@ -26,18 +32,29 @@ ELU = 2
 
 
 @triton.jit
-def tile_channels(H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """(channel index, channel in range) of a tile, both (H_PAD, 1, D_PAD)."""
-    heads = tl.arange(0, H_PAD)[:, None, None]
+def first_head(GROUPED: tl.constexpr, H_PAD: tl.constexpr):
+    """The first head of the program's tiles: its group's (``program_id(2)``) with head groups, else 0."""
+    if GROUPED:
+        head0 = tl.program_id(2) * H_PAD
+    else:
+        head0 = 0
+    return head0
+
+
+@triton.jit
+def tile_channels(head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """(channel index, channel in range) of a tile of the heads head0 … head0 + H_PAD, both (H_PAD, 1, D_PAD)."""
+    heads = head0 + tl.arange(0, H_PAD)[:, None, None]
     dims = tl.arange(0, D_PAD)[None, None, :]
     return heads * D + dims, (heads < H) & (dims < D)
 
 
 @triton.jit
-def channels_and_inverse(inv_ptr, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+def channels_and_inverse(inv_ptr, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
+                         D_PAD: tl.constexpr):  # fmt: skip
     """:func:`tile_channels` and the inverse temperature of each channel, (H_PAD, 1, D_PAD) in fp32 (1 out of
     range): how every kernel that maps q or k begins."""
-    channels, channel_ok = tile_channels(H, D, H_PAD, D_PAD)
+    channels, channel_ok = tile_channels(head0, H, D, H_PAD, D_PAD)
     return channels, channel_ok, tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
 
 
@@ -158,26 +175,57 @@ def row_sum(x):
 
 
 @triton.jit
-def focus(x, inv, channel_ok, feature_eps, POWER: tl.constexpr, PRESCALED: tl.constexpr):
-    """The focused map's pieces of a tile: (â^p, â, scale = m·‖â‖/‖â^p‖, ‖â‖², ‖â^p‖²); φ = â^p · scale."""
+def focus_input(x, inv, channel_ok, feature_eps, PRESCALED: tl.constexpr):
+    """a = (relu(x) + feature_eps)·inv of a tile (> 0 in range), 0 out of range."""
     if PRESCALED:
         a = tl.maximum(x, feature_eps * inv)
     else:
         a = (tl.maximum(x, 0.0) + feature_eps) * inv
-    a = tl.where(channel_ok, a, 0.0)  # > 0 in range (feature_eps · inv)
-    m = tl.max(tl.max(a, axis=2), axis=0)
-    a_hat = a * (1.0 / m)[None, :, None]
-    y = power(a_hat, POWER)
-    sq_a = row_sum(a_hat * a_hat)
-    sq_y = row_sum(y * y)
-    return y, a_hat, m * tl.sqrt(sq_a / sq_y), sq_a, sq_y
+    return tl.where(channel_ok, a, 0.0)
 
 
 @triton.jit
-def features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr):
-    """φ(x) of a tile."""
+def token_norms(a, POWER: tl.constexpr):
+    """The focused map's per-token (m, ‖â‖², ‖â^p‖²) of a tile of a = :func:`focus_input` holding every channel."""
+    m = tl.max(tl.max(a, axis=2), axis=0)
+    a_hat = a * (1.0 / m)[None, :, None]
+    y = power(a_hat, POWER)
+    return m, row_sum(a_hat * a_hat), row_sum(y * y)
+
+
+@triton.jit
+def load_norms(base, places, ok, TOKEN_NORMS: tl.constexpr):
+    """With ``TOKEN_NORMS``, the (m, ‖â‖², ‖â^p‖²) of the tokens at ``places`` from the norms pass (3 fp32 at
+    base + 6·place; 1 where not ``ok``); else placeholders that :func:`focus` ignores."""
+    if TOKEN_NORMS:
+        m = tl.load(base + places * 6, mask=ok, other=1.0)
+        sq_a = tl.load(base + places * 6 + 1, mask=ok, other=1.0)
+        sq_y = tl.load(base + places * 6 + 2, mask=ok, other=1.0)
+    else:
+        m = 1.0
+        sq_a = 1.0
+        sq_y = 1.0
+    return m, sq_a, sq_y
+
+
+@triton.jit
+def focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER: tl.constexpr, PRESCALED: tl.constexpr,
+          TOKEN_NORMS: tl.constexpr):  # fmt: skip
+    """The focused map's pieces of a tile: (â^p, â, scale = m·‖â‖/‖â^p‖, ‖â‖², ‖â^p‖²); φ = â^p · scale. The
+    norms run over all C channels of a token: from the tile, or with ``TOKEN_NORMS`` the given m, sq_a, sq_y."""
+    a = focus_input(x, inv, channel_ok, feature_eps, PRESCALED)
+    if not TOKEN_NORMS:
+        m, sq_a, sq_y = token_norms(a, POWER)
+    a_hat = a * (1.0 / m)[None, :, None]
+    return power(a_hat, POWER), a_hat, m * tl.sqrt(sq_a / sq_y), sq_a, sq_y
+
+
+@triton.jit
+def features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP: tl.constexpr, POWER: tl.constexpr,
+             PRESCALED: tl.constexpr, TOKEN_NORMS: tl.constexpr):  # fmt: skip
+    """φ(x) of a tile (m, sq_a, sq_y: :func:`load_norms`)."""
     if MAP == 0:
-        y, _, scale, _, _ = focus(x, inv, channel_ok, feature_eps, POWER, PRESCALED)
+        y, _, scale, _, _ = focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER, PRESCALED, TOKEN_NORMS)
         phi = y * scale[None, :, None]
     elif MAP == 1:
         phi = tl.maximum(x, 0.0)
@@ -187,19 +235,26 @@ def features(x, inv, channel_ok, feature_eps, MAP: tl.constexpr, POWER: tl.const
 
 
 @triton.jit
-def feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER: tl.constexpr):
-    """(φ(x), dL/dx, the temperature's share dL/da · (relu(x) + eps)) of a tile from dL/dφ.
+def feature_grad(x, inv, channel_ok, dphi, feature_eps, m, sq_a, sq_y, MAP: tl.constexpr, POWER: tl.constexpr,
+                 TOKEN_NORMS: tl.constexpr):  # fmt: skip
+    """(φ(x), dL/dx, the temperature's share dL/da · (relu(x) + eps), cross) of a tile from dL/dφ.
 
     Focused: with cross = Σ_c dφ_c â_c^p over all C channels of the token and α̂ = ‖â‖ / ‖â^p‖,
-    dL/da = α̂ (p â^(p-1) (dφ - cross · â^p / ‖â^p‖²) + cross · â / ‖â‖²) (the scale-free form of the definition's
-    gradient). The temperature's share is 0 for the other maps."""
+    dL/da = α̂ p â^(p-1) dφ + cross · α̂ (â / ‖â‖² - p â^(p-1) â^p / ‖â^p‖²) (the scale-free form of the
+    definition's gradient). With ``TOKEN_NORMS`` the tile holds only some heads: cross is this tile's share (returned,
+    per token) and dL/dx, the temperature's share leave its term out (:func:`cross_head_grad` adds it). The
+    temperature's share and cross are 0 for the other maps."""
     if MAP == 0:
-        y, a_hat, scale, sq_a, sq_y = focus(x, inv, channel_ok, feature_eps, POWER, False)
+        y, a_hat, scale, sq_a, sq_y = focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER, False,
+                                            TOKEN_NORMS)  # fmt: skip
         phi = y * scale[None, :, None]
         cross = row_sum(dphi * y)
         alpha = tl.sqrt(sq_a / sq_y)
-        direct = power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[None, :, None] * y)
-        da = alpha[None, :, None] * (direct + (cross / sq_a)[None, :, None] * a_hat)
+        if TOKEN_NORMS:
+            da = (alpha[None, :, None] * power_grad(a_hat, POWER)) * dphi
+        else:
+            direct = power_grad(a_hat, POWER) * (dphi - (cross / sq_y)[None, :, None] * y)
+            da = alpha[None, :, None] * (direct + (cross / sq_a)[None, :, None] * a_hat)
         da = tl.where(channel_ok, da, 0.0)
         dx = tl.where(x > 0.0, da * inv, 0.0)
         dinv = da * (tl.maximum(x, 0.0) + feature_eps)
@@ -207,11 +262,24 @@ def feature_grad(x, inv, channel_ok, dphi, feature_eps, MAP: tl.constexpr, POWER
         phi = tl.maximum(x, 0.0)
         dx = tl.where(x > 0.0, dphi, 0.0)
         dinv = dx * 0.0
+        cross = row_sum(dinv)
     else:
         phi = tl.where(x > 0.0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
         dx = tl.where(x > 0.0, dphi, dphi * tl.exp(tl.minimum(x, 0.0)))
         dinv = dx * 0.0
-    return phi, dx, dinv
+        cross = row_sum(dinv)
+    return phi, dx, dinv, cross
+
+
+@triton.jit
+def cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER: tl.constexpr):
+    """The focused map's cross-head part of (dL/dx, the temperature's share) of a tile, given each token's cross
+    summed over all heads: dL/da = cross · α̂ (â / ‖â‖² - p â^(p-1) â^p / ‖â^p‖²) (see :func:`feature_grad`)."""
+    y, a_hat, _, _, _ = focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER, False, True)
+    alpha = tl.sqrt(sq_a / sq_y)
+    factor = a_hat * (1.0 / sq_a)[None, :, None] - power_grad(a_hat, POWER) * y * (1.0 / sq_y)[None, :, None]
+    da = tl.where(channel_ok, (alpha * cross)[None, :, None] * factor, 0.0)
+    return tl.where(x > 0.0, da * inv, 0.0), da * (tl.maximum(x, 0.0) + feature_eps)
 
 
 @triton.jit
@@ -235,17 +303,18 @@ def head_product(a, b, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl.constexpr,
+def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H: tl.constexpr, D: tl.constexpr,
                    H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
-    """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of batch element b: the partial sums of its chunks added in a
-    fixed order (deterministic), over the number of kept keys (the mean form)."""
-    heads = tl.arange(0, H_PAD)[:, None, None]
+    """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of the heads head0 … of batch element b: the partial sums of its
+    chunks added in a fixed order (deterministic), over the number of kept keys (the mean form)."""
+    heads = head0 + tl.arange(0, H_PAD)[:, None, None]
     rows = tl.arange(0, D_PAD)[None, :, None]
     cols = tl.arange(0, D_PAD)[None, None, :]
     square_ok = (heads < H) & (rows < D) & (cols < D)
     square = heads * (D * D) + rows * D + cols
-    vector = tl.arange(0, H_PAD)[:, None] * D + tl.arange(0, D_PAD)[None, :]
-    vector_ok = (tl.arange(0, H_PAD)[:, None] < H) & (tl.arange(0, D_PAD)[None, :] < D)
+    vector_heads = head0 + tl.arange(0, H_PAD)[:, None]
+    vector = vector_heads * D + tl.arange(0, D_PAD)[None, :]
+    vector_ok = (vector_heads < H) & (tl.arange(0, D_PAD)[None, :] < D)
     s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     z = tl.zeros([H_PAD, D_PAD], tl.float32)
     kept = 0.0
@@ -259,15 +328,15 @@ def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, H: tl.constexpr, D: tl
 
 
 @triton.jit
-def store_state(s_ptr, z_ptr, slot, s, z, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
+def store_state(s_ptr, z_ptr, slot, s, z, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
                  D_PAD: tl.constexpr):  # fmt: skip
-    """Write one (H, D, D) state and (H, D) vector into the partial slot ``slot``."""
-    heads = tl.arange(0, H_PAD)[:, None, None]
+    """Write the heads head0 … of one (H, D, D) state and (H, D) vector into the partial slot ``slot``."""
+    heads = head0 + tl.arange(0, H_PAD)[:, None, None]
     rows = tl.arange(0, D_PAD)[None, :, None]
     cols = tl.arange(0, D_PAD)[None, None, :]
     tl.store(s_ptr + slot * (H * D * D) + heads * (D * D) + rows * D + cols, s,
              mask=(heads < H) & (rows < D) & (cols < D))  # fmt: skip
-    vector_heads = tl.arange(0, H_PAD)[:, None]
+    vector_heads = head0 + tl.arange(0, H_PAD)[:, None]
     vector_cols = tl.arange(0, D_PAD)[None, :]
     tl.store(z_ptr + slot * (H * D) + vector_heads * D + vector_cols, z, mask=(vector_heads < H) & (vector_cols < D))
 
@@ -286,11 +355,11 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 @triton.jit
 def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
-                   H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
                    TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at
-    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile, (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
+    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
     transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
     masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the grid is the
     window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
@@ -304,7 +373,7 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
     if TENSOR_TAPS:
         flat = tl.arange(0, H_PAD * BLOCK_N)
         rows = (row0 + flat % BLOCK_N)[:, None]  # flat row h·BLOCK_N + i: token i of the tile in head h
-        heads = (flat // BLOCK_N)[:, None]
+        heads = head0 + (flat // BLOCK_N)[:, None]
         dims = tl.arange(0, D_PAD)[None, :]
         channels = heads * D + dims
         channel_ok = (heads < H) & (dims < D)
@@ -312,7 +381,7 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
         conv = tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
     else:  # multiply-adds straight into acc (a second tile-sized accumulator spills in the backward)
         rows = row0 + tl.arange(0, BLOCK_N)[None, :, None]
-        channels, channel_ok = tile_channels(H, D, H_PAD, D_PAD)
+        channels, channel_ok = tile_channels(head0, H, D, H_PAD, D_PAD)
         dims = tl.arange(0, D_PAD)[None, None, :]
         conv = acc
     for tap in tl.static_range(K * K):
