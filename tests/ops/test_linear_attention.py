@@ -150,11 +150,12 @@ def _float(value):
 
 
 @needs_triton
-@pytest.mark.parametrize("name", ["focused", "focused_odd_head_dim", "focused_class_token"])
+@pytest.mark.parametrize("name", ["focused", "focused_odd_head_dim", "focused_class_token", "focused_head_groups_ragged"])
 def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(name):
     """16-bit inputs take the forward's DWC path of tensor-core products with diagonal weights (and the backward's
-    transposed conv, multiply-adds): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys,
-    against the naive reference on the same rounded inputs in float32, value and every gradient."""
+    transposed conv, multiply-adds): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys, head
+    groups (the second one ragged), against the naive reference on the same rounded inputs in float32, value and every
+    gradient."""
     from linvit.ops.linear_attention.triton_launch import tap_products
 
     assert tap_products(torch.bfloat16, 32)["TENSOR_TAPS"] and not tap_products(torch.float32, 32)["TENSOR_TAPS"]
@@ -168,6 +169,23 @@ def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(nam
     _assert_close(out.float().cpu(), expected, 1e-2)
     for got, want in zip(grads, expected_grads):
         _assert_close(got.float().cpu(), want, 3e-2)
+
+
+def test_heads_share_a_program_while_their_states_fit():
+    """The tiled kernels' head groups: every head in one program up to 4 × 32² fp32 of d × d states, else groups of
+    the largest power of two of heads that fits (the last one ragged); the forward hands the backward per-token norms
+    only for the focused map in groups."""
+    pytest.importorskip("triton")
+    from linvit.ops.linear_attention.triton_launch import KernelOptions, head_groups, heads_per_program, token_norms_shape
+
+    cases = {(4, 32): (4, 1), (3, 32): (4, 1), (16, 16): (16, 1), (1, 64): (1, 1), (1, 128): (1, 1), (2, 64): (1, 2),
+             (5, 64): (1, 5), (6, 24): (4, 2), (12, 32): (4, 3)}  # fmt: skip
+    for (heads, head_dim), expected in cases.items():
+        assert (heads_per_program(heads, head_dim), head_groups(heads, head_dim)) == expected, (heads, head_dim)
+    focused = KernelOptions(4, 4, 2, 0, 3.0, 0, 1e-6, 1e-6)
+    assert token_norms_shape(2, 16, 128, focused) == (2, 16, 6)
+    assert token_norms_shape(2, 16, 64, focused) == (0,)  # 2 × 32: one program holds both heads
+    assert token_norms_shape(2, 16, 128, focused._replace(feature_map=1)) == (0,)  # relu: no norms across heads
 
 
 @needs_triton
@@ -192,10 +210,19 @@ def test_gradcheck_float64(backend):
     assert torch.autograd.gradcheck(function, (qkv, *leaves.values()), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
-def test_prescaled_queries_keys_equal_raw_ones(backend):
-    """prescaled=True takes q|k as (x + eps) / s (the temperature folded into the projection): same result."""
-    qkv, kwargs = _inputs(CASES["focused"])
+@pytest.mark.parametrize(
+    "backend, name",
+    [
+        ("naive", "focused"),
+        ("torch", "focused"),
+        pytest.param("triton", "focused", marks=needs_triton),
+        pytest.param("triton", "focused_head_groups_ragged", marks=needs_triton),
+    ],
+)
+def test_prescaled_queries_keys_equal_raw_ones(backend, name):
+    """prescaled=True takes q|k as (x + eps) / s (the temperature folded into the projection): same result (in
+    head groups too, whose per-token norms then come from the prescaled q|k)."""
+    qkv, kwargs = _inputs(CASES[name])
     device, dtype = (TRITON_DEVICE, torch.float32) if backend == "triton" else ("cpu", torch.float64)
     qkv, kwargs = _cast(qkv, kwargs, dtype, device)
     inverse = kwargs["inverse_temperature"]
@@ -286,8 +313,10 @@ def test_wrong_arguments_say_what_is_expected(change, match):
 
 
 @needs_triton
+@pytest.mark.slow
 def test_custom_ops_pass_torch_opcheck():
-    """Schema, fake-tensor shapes, autograd registration and AOT dispatch of the two Triton ops."""
+    """Schema, fake-tensor shapes, autograd registration and AOT dispatch of the two Triton ops (~22 s through the
+    interpreter: the slow tier, which CI runs; the ops' values and gradients are default-tier tests)."""
     import linvit.ops.linear_attention.triton  # noqa: F401  (registers the ops)
 
     qkv, kwargs = _inputs(CASES["focused"])
@@ -307,12 +336,14 @@ def test_custom_ops_pass_torch_opcheck():
 
 @needs_triton
 @pytest.mark.slow
-def test_custom_ops_pass_torch_opcheck_in_windows():
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_custom_ops_pass_torch_opcheck_in_windows(head_dim):
     """The forward op in windows, read in place: the output keeps the map's layout, the fake partial states are per
-    window (~7 s through the interpreter; the windows' values and gradients are default-tier tests)."""
+    window, and at 2 × 64 (head groups) the fake per-token norms have the kernels' shape (~7 s each through the
+    interpreter; the windows' values and gradients are default-tier tests)."""
     import linvit.ops.linear_attention.triton  # noqa: F401  (registers the ops)
 
-    small_windows = _case("focused", (5, 6), 2, 16, kernel=3, window=(4, 4))  # 2 × 2 windows, padded
+    small_windows = _case("focused", (5, 6), 2, head_dim, kernel=3, window=(4, 4))  # 2 × 2 windows, padded
     qkv, kwargs = _cast(*_inputs(small_windows, batch=1), torch.float32, TRITON_DEVICE)
     hw, window = kwargs["hw"], kwargs["window"]
     tensors = [kwargs.get(k) for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
