@@ -49,7 +49,19 @@ def test_compiled_kernels_at_a_large_map_span_many_chunks(dtype):
     _compiled_agrees("torch", qkv, kwargs, dtype)
 
 
-@pytest.mark.parametrize("model_name", ["linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_compiled_head_groups_at_a_large_map_span_many_chunks(dtype):
+    """5 × 64 heads (FLatten-PVTv2's third stage) in five head groups over many chunks: the norms pass, the
+    per-group partial states and the cross-head pass as a GPU runs them."""
+    case = {"feature_map": "focused", "hw": (64, 48), "heads": 5, "head_dim": 64, "kernel": 3, "mask": True}
+    qkv, kwargs = _inputs(case, dtype=torch.float32, batch=2)
+    _compiled_agrees("torch", qkv, kwargs, dtype)
+
+
+# flatten_swin_tiny's 6 × 32 and flatten_pvt_v2_b1's 2, 5 and 8 × 64 heads run in head groups
+@pytest.mark.parametrize(
+    "model_name", ["linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0", "flatten_pvt_v2_b1"]
+)
 def test_models_on_the_triton_backend_equal_the_torch_backend(model_name):
     import timm
 
