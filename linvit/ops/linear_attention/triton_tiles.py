@@ -142,13 +142,18 @@ def load_keys(base, places, rows, ok, stride_n, pos_base, prefix, channels, inv,
 
 @triton.jit
 def power(a, POWER: tl.constexpr):
-    """a^p for a >= 0; exact products for p = 1, 2, 3."""
-    if POWER == 1.0:
+    """a^p for a >= 0; exact products for p = 0, 1, 2, 3, 4."""
+    if POWER == 0.0:
+        out = a * 0.0 + 1.0
+    elif POWER == 1.0:
         out = a
     elif POWER == 2.0:
         out = a * a
     elif POWER == 3.0:
         out = a * a * a
+    elif POWER == 4.0:
+        out = a * a
+        out = out * out
     else:
         out = tl.exp2(POWER * tl.log2(a))
     return out
@@ -274,12 +279,15 @@ def feature_grad(x, inv, channel_ok, dphi, feature_eps, m, sq_a, sq_y, MAP: tl.c
 @triton.jit
 def cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER: tl.constexpr):
     """The focused map's cross-head part of (dL/dx, the temperature's share) of a tile, given each token's cross
-    summed over all heads: dL/da = cross · α̂ (â / ‖â‖² - p â^(p-1) â^p / ‖â^p‖²) (see :func:`feature_grad`)."""
-    y, a_hat, _, _, _ = focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER, False, True)
-    alpha = tl.sqrt(sq_a / sq_y)
-    factor = a_hat * (1.0 / sq_a)[None, :, None] - power_grad(a_hat, POWER) * y * (1.0 / sq_y)[None, :, None]
-    da = tl.where(channel_ok, (alpha * cross)[None, :, None] * factor, 0.0)
-    return tl.where(x > 0.0, da * inv, 0.0), da * (tl.maximum(x, 0.0) + feature_eps)
+    summed over all heads: dL/da = cross · α̂ (â / ‖â‖² - p â^(p-1) â^p / ‖â^p‖²) (see :func:`feature_grad`), as
+    â · (c₁ - c₂ · â^(2p-2)) with the per-token c₁ = cross · α̂ / ‖â‖², c₂ = cross · α̂ · p / ‖â^p‖²."""
+    shifted = tl.maximum(x, 0.0) + feature_eps
+    a_hat = tl.where(channel_ok, shifted * inv, 0.0) * (1.0 / m)[None, :, None]
+    scaled = cross * tl.sqrt(sq_a / sq_y)
+    first = (scaled / sq_a)[None, :, None]
+    second = (scaled * POWER / sq_y)[None, :, None]
+    da = a_hat * (first - second * power(a_hat, 2.0 * POWER - 2.0))
+    return tl.where(x > 0.0, da * inv, 0.0), da * shifted
 
 
 @triton.jit
