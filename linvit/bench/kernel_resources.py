@@ -68,6 +68,13 @@ SHAPES = (
         (280, 280),
         window=(56, 56),
     ),
+    Shape(
+        "flatten_pvt_v2_b1 stage 2 at 1024² (B=8, C=128, 2×64 heads in two head groups, 128², bf16, 5×5 DWC)",
+        8,
+        2,
+        64,
+        (128, 128),
+    ),
 )
 
 
@@ -161,7 +168,7 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
     return figure
 
 
-SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (6, 32))
+SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (5, 64), (6, 32))
 
 
 def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> dict[str, int]:
@@ -214,13 +221,15 @@ def markdown(figure: dict, headline: dict) -> str:
         "",
         "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
         + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
-        + ". A program holds every head of its tokens. A single head's state products are 2-D tensor-core products "
-        "whose state the compiler keeps in shared memory (no spill at 1×64); several heads share one batched 3-D "
-        "product per tile, whose states and their transposes sit in registers in the operand layout, and from "
-        "head_dim 64 on the backward's query_grad (plus its H·d² dS accumulators) and key_value_grad spill. Per-head "
-        "2-D products over tuples of per-head tiles were counted too: no spill-free configuration at 4×64 and "
-        "1.3–3.2× the instructions at 4×32. The way out is a grid over head groups, with the focused map's per-token "
-        "norms computed once by a pass of their own and dq's cross-head term added by a second pass.",
+        + ". A program holds every head of its tokens while their d × d states fit (4 × 32² fp32): its state "
+        "products are one batched 3-D tensor-core product per tile, or for a single head a 2-D one whose state the "
+        "compiler keeps in shared memory. Beyond that (head_dim 64 from two heads on, more than four heads of 32) the "
+        "grid has an axis over head groups: a program holds one group's heads, the focused map's per-token norms over "
+        "all C channels come from a pass of their own (token_norms, a third forward launch), and the part of dq and dk "
+        "that couples the heads is added after the gradient kernels (cross_head_grad, a fifth backward kernel). "
+        "Before the groups, 4×64 spilled 680 B (query_grad's states and dS accumulators in registers); per-head 2-D "
+        "products over tuples of per-head tiles were counted too: no spill-free configuration at 4×64 and 1.3–3.2× "
+        "the instructions at 4×32.",
     ]
     for entry in figure["shapes"]:
         lines += ["", f"## {entry['shape']['name']}", ""]
