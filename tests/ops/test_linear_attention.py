@@ -149,8 +149,11 @@ def _float(value):
     return value.float().cpu() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
+HALF_CASES = ["focused", "focused_odd_head_dim", "focused_class_token", "focused_head_groups_ragged"]
+
+
 @needs_triton
-@pytest.mark.parametrize("name", ["focused", "focused_odd_head_dim", "focused_class_token", "focused_head_groups_ragged"])
+@pytest.mark.parametrize("name", HALF_CASES)
 def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(name):
     """16-bit inputs take the forward's DWC path of tensor-core products with diagonal weights (and the backward's
     transposed conv, multiply-adds): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys, head
@@ -176,7 +179,12 @@ def test_heads_share_a_program_while_their_states_fit():
     the largest power of two of heads that fits (the last one ragged); the forward hands the backward per-token norms
     only for the focused map in groups."""
     pytest.importorskip("triton")
-    from linvit.ops.linear_attention.triton_launch import KernelOptions, head_groups, heads_per_program, token_norms_shape
+    from linvit.ops.linear_attention.triton_launch import (
+        KernelOptions,
+        head_groups,
+        heads_per_program,
+        token_norms_shape,
+    )
 
     cases = {(4, 32): (4, 1), (3, 32): (4, 1), (16, 16): (16, 1), (1, 64): (1, 1), (1, 128): (1, 1), (2, 64): (1, 2),
              (5, 64): (1, 5), (6, 24): (4, 2), (12, 32): (4, 3)}  # fmt: skip

@@ -167,8 +167,8 @@ def _backward(
 ) -> tuple[Tensor, Tensor]:
     """dL/dqkv and the small gradients; ``options``: the KernelOptions."""
     launches, grad_qkv, small_grads = triton_launch.backward_plan(
-        grad_out, qkv, (partial_s, partial_z, partial_count, token_norms), inverse_temperature, key_position, dwc_weight,
-        _mask_bytes(key_mask), KernelOptions(*options),
+        grad_out, qkv, (partial_s, partial_z, partial_count, token_norms), inverse_temperature, key_position,
+        dwc_weight, _mask_bytes(key_mask), KernelOptions(*options),
     )  # fmt: skip
     _run(launches)
     return grad_qkv, small_grads

@@ -47,10 +47,8 @@ def query_grad_kernel(
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
     group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr)."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
@@ -117,10 +115,8 @@ def key_value_grad_kernel(
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
     """
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
@@ -241,10 +237,8 @@ def cross_head_grad_kernel(
     element b and the heads of group ``program_id(2)``: each token's cross summed over the groups' shares times a
     factor of its own channels (`triton_tiles.cross_head_grad`); and its temperature gradient, added to the
     chunk's row of the queries' partials."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b

@@ -40,10 +40,8 @@ def state_kernel(
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads)."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
@@ -92,10 +90,8 @@ def output_kernel(
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
     group's heads)."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     v_base = q_base + 2 * H * D
@@ -144,10 +140,8 @@ def token_norms_kernel(
     """The focused map's (m, ‖â‖², ‖â^p‖²) of the key (with its positional term) and the query of each token of chunk t
     of batch element b, over all C channels (the tile holds every head), as 6 fp32 per token of the image's tokens:
     the keys' three, then the queries'."""
-    b = tl.program_id(0)
-    t = tl.program_id(1)
-    grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
-    image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                    WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b

@@ -104,6 +104,16 @@ def window_origin(b, windows, windows_w, WINDOW_H: tl.constexpr, WINDOW_W: tl.co
 
 
 @triton.jit
+def program_element(grid_h, grid_w, windows, windows_w, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr):
+    """What a tiled kernel's program walks: (batch element b = ``program_id(0)``, chunk t = ``program_id(1)``, the
+    grid of b's tokens (:func:`window_grid`), and b's image and first map row and column (:func:`window_origin`))."""
+    b = tl.program_id(0)
+    height, width = window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
+    image, top, left = window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
+    return b, tl.program_id(1), height, width, image, top, left
+
+
+@triton.jit
 def token_places(tokens, top, left, grid_w, map_h, map_w, WINDOWED: tl.constexpr):
     """(row in the image's token layout, is a token of the map) of a window's token indices: the window of the map
     padded to whole windows, whose padding holds no token. Without windows the indices themselves, all real."""
@@ -363,14 +373,14 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 @triton.jit
 def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
-                   head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
-                   TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+                   head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                   BLOCK_N: tl.constexpr, K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr,
+                   TAP_DTYPE: tl.constexpr, TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at
-    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32; with ``TRANSPOSED`` its
-    transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and (``HAS_MASK``)
-    masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the grid is the
-    window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
+    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32; with
+    ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
+    (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the
+    grid is the window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
 
     ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head
     as one (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
