@@ -37,7 +37,9 @@ CASES = {
     # head groups (one program per group of heads; the focused map's norms and cross-head term in passes of their
     # own): two 64-wide heads in windows with class-free padding; six 24-wide heads in a full and a ragged group of 4
     "focused_head_groups_windows": _case("focused", (5, 6), 2, 64, kernel=3, window=(4, 4), mask=False),
-    "focused_head_groups_ragged": _case("focused", (4, 5), 6, 24, kernel=3, mask=True, prefix=1, power=2.5),
+    "focused_head_groups_ragged": _case(
+        "focused", (4, 5), 6, 24, kernel=3, mask=True, prefix=1, power=2.5, position="batched"
+    ),
     "relu_head_groups": _case("relu", (3, 4), 2, 64, kernel=3, mask=True),
     "focused_windows_padded": _case("focused", (7, 9), 2, 16, kernel=3, window=(4, 4), position="batched"),
     "relu": _case("relu", (7, 3), 2, 16, kernel=5, mask=True),
@@ -255,11 +257,19 @@ def test_prescaled_queries_keys_equal_raw_ones(backend, name):
             out.sum().backward()
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
-def test_an_empty_batch_returns_an_empty_output(backend):
-    qkv, kwargs = _inputs(CASES["focused"], batch=1)
+@pytest.mark.parametrize(
+    "backend, name",
+    [
+        ("naive", "focused"),
+        ("torch", "focused"),
+        pytest.param("triton", "focused", marks=needs_triton),
+        pytest.param("triton", "focused_head_groups_windows", marks=needs_triton),  # head groups, in windows
+    ],
+)
+def test_an_empty_batch_returns_an_empty_output(backend, name):
+    qkv, kwargs = _inputs(CASES[name], batch=1)
     qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE if backend == "triton" else "cpu")
-    kwargs.pop("key_mask")
+    kwargs.pop("key_mask", None)
     out = linear_attention_qkv(qkv[:0], backend=backend, **kwargs)
     assert out.shape == (0, qkv.shape[1], qkv.shape[2] // 3)
 
