@@ -28,6 +28,8 @@ MODULES = {
     "relu_with_dwc": ("linear", {"dwc_kernel_size": 3}, (5, 4)),
     "elu": ("elu", {}, (4, 6)),
     "hybrid": ("hybrid", {"window_size": 3, "shift_size": 1}, (6, 5)),
+    # 128 channels in 2 heads of 64: the fused kernels split the heads into groups (norms and cross-head passes)
+    "global_focused_head_groups": ("focused", {"pos_size": (4, 5), "dim": 128}, (4, 5)),
 }
 
 
@@ -58,8 +60,10 @@ def _assert_close(got: torch.Tensor, expected: torch.Tensor, what: str = "") -> 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_module_on_triton_equals_torch_in_value_and_gradients(name):
     attention, kwargs, hw = MODULES[name]
-    module = _randomised(create_attention(attention, 32, 2, **kwargs)).to(DEVICE)
-    x = torch.randn(2, hw[0] * hw[1], 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    kwargs = dict(kwargs)
+    dim = kwargs.pop("dim", 32)
+    module = _randomised(create_attention(attention, dim, 2, **kwargs)).to(DEVICE)
+    x = torch.randn(2, hw[0] * hw[1], dim, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     expected = _outputs_and_grads(module, x, hw, "torch")
     got = _outputs_and_grads(module, x, hw, "triton")
     _assert_close(got[0], expected[0])
