@@ -199,6 +199,26 @@ def test_heads_share_a_program_while_their_states_fit():
 
 
 @needs_triton
+def test_pinned_tiles_take_one_configuration_with_the_same_result():
+    """pinned_tiles launches every tiled kernel with one configuration instead of autotuning (the GPU test tier):
+    64-token tiles across the interpreter's 16-token chunks (clipped to each chunk) give the same values and
+    gradients; a configuration outside the autotune space is refused."""
+    from linvit.ops.linear_attention.triton import pinned_tiles
+
+    qkv, kwargs = _inputs(CASES["focused_head_groups_ragged"])
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
+    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+    qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
+    with pinned_tiles((64, 4, 1)):
+        out, grads = _run("triton", qkv32, kwargs32, grad_out.float().to(TRITON_DEVICE))
+    _assert_close(out.cpu(), expected, 2e-5)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.cpu(), want, 5e-5)
+    with pytest.raises(ValueError, match="is not one of TILE_CONFIGS"), pinned_tiles((128, 4, 1)):
+        pass
+
+
+@needs_triton
 def test_triton_is_deterministic():
     qkv, kwargs = _inputs(CASES["focused"])
     qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)

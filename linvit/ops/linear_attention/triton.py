@@ -14,6 +14,7 @@ Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the D
 v and dL/dout again for the DWC weight (4C B), and writes dq|dk|dv (6C B).
 """
 
+import contextlib
 import typing
 
 import torch
@@ -33,7 +34,7 @@ except ImportError:  # pragma: no cover - older torch: opaque custom ops
     triton_op = wrap_triton = None
 
 
-__all__ = ["linear_attention_qkv"]
+__all__ = ["linear_attention_qkv", "pinned_tiles"]
 
 _MAP_CODES = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
 
@@ -101,6 +102,22 @@ def _backward_shapes(grad_out: Tensor, qkv: Tensor, partial_s: Tensor, *args) ->
 
 
 _tuned_kernels: dict[str, object] = {}
+_pinned: list[tuple[int, int, int]] = []  # the innermost pinned_tiles configuration, if any
+
+
+@contextlib.contextmanager
+def pinned_tiles(config: tuple[int, int, int]):
+    """Launch the tiled kernels with one (tokens per tile, warps, pipeline stages) configuration instead of
+    autotuning over ``triton_launch.TILE_CONFIGS``: one compile per kernel and shape instead of one per configuration
+    (the GPU test tier, which checks many small shapes). Any configuration gives the same result up to the order of
+    fp32 sums: chunks are whole numbers of the largest tile."""
+    if tuple(config) not in triton_launch.TILE_CONFIGS:
+        raise ValueError(f"pinned_tiles: {config} is not one of TILE_CONFIGS {triton_launch.TILE_CONFIGS}")
+    _pinned.append(tuple(config))
+    try:
+        yield
+    finally:
+        _pinned.pop()
 
 
 def _tuned(launch: triton_launch.Launch):
@@ -119,6 +136,11 @@ def _run(launches: list[triton_launch.Launch]) -> None:
     for launch in launches:
         if not launch.tuned:
             _launch(launch.kernel)[launch.grid](**launch.args, **launch.constants, num_warps=launch.num_warps)
+        elif _pinned:
+            block, warps, stages = _pinned[-1]
+            _launch(launch.kernel)[launch.grid](
+                **launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block, num_warps=warps, num_stages=stages
+            )
         elif interpreting():
             block = triton_launch.chunk_granularity()
             launch.kernel[launch.grid](**launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block)
