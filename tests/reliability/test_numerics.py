@@ -64,7 +64,11 @@ def _precisions(device_type: str) -> tuple:
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+    pytest.param(  # in the GPU tier (pytest -m cuda): the fused kernels under autocast on a GPU
+        "cuda",
+        id="cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")],
+    ),
 ]
 
 
