@@ -2,15 +2,15 @@
 
 Four launches, five for the focused map with head groups (``cross_head_grad_kernel``):
 
-- ``query_grad_kernel`` (grid batch × chunk): sums the forward's partial states, then per tile of queries
-  dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
+- ``query_grad_kernel`` (grid batch × chunk × head group): sums the forward's partial states, then per tile of
+  queries dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
   program holds every head of its tokens, so the focused map's cross-head term is a sum within the tile: one pass.
   With head groups it holds some heads: it writes its share of each token's cross-head sum, and
   ``cross_head_grad_kernel`` adds that term to dq and dk once both gradient kernels are done.
-- ``key_value_grad_kernel`` (grid batch × chunk): sums the partial dL/dS, dL/dz, then per tile of keys dL/dk and
-  dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once for all
-  channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and reduced once
-  per program.
+- ``key_value_grad_kernel`` (grid batch × chunk × head group): sums the partial dL/dS, dL/dz, then per tile of
+  keys dL/dk and dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once
+  for all channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and
+  reduced once per program.
 - ``dwc_weight_grad_kernel`` (grid batch × chunk × tap): the DWC weight's gradient Σ v · dL/dout(shifted), one tap
   per program, from a tensor-core product of the raw tiles accumulated over the chunk, whose diagonal is taken once
   (a reduction per tap and tile inside the key kernel cost more than the rest of the backward together).
