@@ -39,14 +39,17 @@ def _store_row(row_ptr, values, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: 
 @triton.jit
 def query_grad_kernel(
     qkv_ptr, inv_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr, cross_ptr,
+    w_ptr, taps_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, norms_stride_b, cross_stride_b,
     chunk, eps, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    HAS_DWC: tl.constexpr, K: tl.constexpr,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
-    group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr)."""
+    group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr); the
+    first program also copies the DWC weight tap-major for the key kernel."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -56,6 +59,8 @@ def query_grad_kernel(
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
+    if HAS_DWC:
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
     head0 = tiles.first_head(GROUPED, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
@@ -99,7 +104,7 @@ def query_grad_kernel(
 
 @triton.jit
 def key_value_grad_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, w_ptr, do_ptr, dqkv_ptr, grads_ptr,
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, taps_ptr, do_ptr, dqkv_ptr, grads_ptr,
     cross_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, mask_stride_b,
     norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w,
@@ -159,7 +164,7 @@ def key_value_grad_kernel(
         if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv = tiles.depthwise_conv(
-                dv, do_base, mask_base, w_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
+                dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
                 map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
             )  # fmt: skip
             own = tiles.load_tile(do_base, places, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)

@@ -31,15 +31,17 @@ from linvit.ops.linear_attention import triton_tiles as tiles
 
 @triton.jit
 def state_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr,
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, w_ptr, taps_ptr,
     N, stride_b, stride_n, pos_stride_b, mask_stride_b, norms_stride_b, prefix, chunk, feature_eps, grid_h, grid_w,
     map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    HAS_DWC: tl.constexpr, K: tl.constexpr,
 ):  # fmt: skip
-    """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads)."""
+    """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
+    program also copies the DWC weight tap-major for the output kernel."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -48,6 +50,8 @@ def state_kernel(
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
+    if HAS_DWC:
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
     head0 = tiles.first_head(GROUPED, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
@@ -79,7 +83,7 @@ def state_kernel(
 
 @triton.jit
 def output_kernel(
-    qkv_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, w_ptr, bias_ptr, out_ptr,
+    qkv_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, taps_ptr, bias_ptr, out_ptr,
     N, stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, norms_stride_b, prefix, chunk, grid_h, grid_w,
     eps, feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -120,7 +124,7 @@ def output_kernel(
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
             out = tiles.depthwise_conv(
-                out, v_base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
+                out, v_base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
                 head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
             )  # fmt: skip
             if HAS_BIAS:

@@ -245,6 +245,17 @@ def token_norms_shape(images: int, map_tokens: int, channels: int, options: Kern
     return (images, map_tokens, 6) if grouped and options.feature_map == FOCUSED else (0,)
 
 
+def _tap_major(dwc_weight: Tensor | None, qkv: Tensor) -> Tensor:
+    """The buffer of the DWC weight's tap-major copy (K·K, D) that a plan's first kernel writes
+    (`triton_tiles.copy_taps_major`), in the weight's dtype; without a DWC a placeholder."""
+    return qkv if dwc_weight is None else torch.empty(dwc_weight.numel(), device=qkv.device, dtype=dwc_weight.dtype)
+
+
+def _dwc_constants(dwc_weight: Tensor | None) -> dict:
+    """HAS_DWC and K (the DWC's size; 1 without one) of the kernels that copy or multiply the taps."""
+    return {"HAS_DWC": dwc_weight is not None, "K": 1 if dwc_weight is None else dwc_weight.shape[-1]}
+
+
 def forward_plan(
     qkv: Tensor,
     inverse_temperature: Tensor | None,
@@ -274,6 +285,7 @@ def forward_plan(
     partial_count = torch.empty(batch, chunks, **floats)
     norms = torch.empty(token_norms_shape(images, map_tokens, channels, options), **floats)
     token_norms = norms.numel() > 0
+    taps = _tap_major(dwc_weight, qkv)
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
              **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
@@ -293,15 +305,16 @@ def forward_plan(
             "s_ptr": partial_s,
             "z_ptr": partial_z,
             "count_ptr": partial_count,
+            "w_ptr": _optional(dwc_weight, qkv),
+            "taps_ptr": taps,
             "pos_stride_b": _position_stride(key_position),
             "mask_stride_b": tokens,
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
         },
-        {**sizes, **flags, "HAS_POS": key_position is not None},
+        {**sizes, **flags, "HAS_POS": key_position is not None, **_dwc_constants(dwc_weight)},
         lambda block: (trips(block),),
     )
-    kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
     output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
     output = Launch(
         "output",
@@ -315,7 +328,7 @@ def forward_plan(
             "s_ptr": partial_s,
             "z_ptr": partial_z,
             "count_ptr": partial_count,
-            "w_ptr": _optional(dwc_weight, qkv),
+            "taps_ptr": taps,
             "bias_ptr": _optional(dwc_bias, qkv),
             "out_ptr": out,
             "out_stride_b": out.stride(0),
@@ -328,8 +341,7 @@ def forward_plan(
         {
             **output_sizes,
             **flags,
-            "K": kernel_size,
-            "HAS_DWC": dwc_weight is not None,
+            **_dwc_constants(dwc_weight),
             "HAS_BIAS": dwc_bias is not None,
             **tap_products(qkv.dtype, sizes["D_PAD"]),
         },
@@ -425,6 +437,7 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
+    taps = _tap_major(dwc_weight, qkv)
     common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
     group_args = {
         "norms_ptr": norms if token_norms else qkv,
@@ -455,10 +468,12 @@ def backward_plan(
             "ds_ptr": partial_ds,
             "dz_ptr": partial_dz,
             "grads_ptr": query_grads,
+            "w_ptr": _optional(dwc_weight, qkv),
+            "taps_ptr": taps,
             "eps": eps,
             "feature_eps": feature_eps,
         },
-        {**sizes, **common},
+        {**sizes, **common, **_dwc_constants(dwc_weight)},
         lambda block: (chunks, trips(block)),
     )
     key_value = Launch(
@@ -475,7 +490,7 @@ def backward_plan(
             "ds_ptr": partial_ds,
             "dz_ptr": partial_dz,
             "count_ptr": partial_count,
-            "w_ptr": _optional(dwc_weight, qkv),
+            "taps_ptr": taps,
             "grads_ptr": key_grads,
             "pos_stride_b": _position_stride(key_position),
             "mask_stride_b": tokens,
@@ -486,10 +501,9 @@ def backward_plan(
         {
             **sizes,
             **common,
-            "K": kernel_size,
+            **_dwc_constants(dwc_weight),
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
-            "HAS_DWC": dwc_weight is not None,
         },
         lambda block: (chunks, trips(block)),
     )

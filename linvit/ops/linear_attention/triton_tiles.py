@@ -372,11 +372,24 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 
 @triton.jit
-def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
-                   head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+def copy_taps_major(w_ptr, taps_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr):
+    """Copy the DWC weight (D, 1, K, K) to ``taps_ptr`` as (K·K, D), done by the first program of a kernel that runs
+    before the ones that multiply the taps: there a tap's D weights are contiguous, so each thread loads its channels'
+    weights as vectors; strided by K·K they take a scalar load each, for every tap of every tile (about 50 of
+    key_value_grad's 66 global loads per token at C = 128)."""
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+        dims = tl.arange(0, D_PAD)
+        for tap in tl.static_range(K * K):
+            tl.store(taps_ptr + tap * D + dims, tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D), mask=dims < D)
+
+
+@triton.jit
+def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h,
+                   map_w, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr,
                    TAP_DTYPE: tl.constexpr, TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
-    """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads) of the (B, N, ·) values at
+    """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads, tap-major at ``taps_ptr``:
+    :func:`copy_taps_major`) of the (B, N, ·) values at
     ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32; with
     ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
     (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the
@@ -411,7 +424,7 @@ def depthwise_conv(acc, base, mask_base, w_ptr, row0, stop, stride_n, prefix, gr
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
         places, real = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
         value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & real & channel_ok, other=0.0)
-        weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0)
+        weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0)
         if TENSOR_TAPS:
             conv = tl.dot(value.to(TAP_DTYPE), tl.where(diagonal, weight, 0.0).to(TAP_DTYPE), conv)
         else:
