@@ -2,26 +2,28 @@
 # The checks a lent GPU is for, in one command sized for a 15-minute lease (issue 18): the GPU test tier
 # (`pytest -m cuda`: the kernels compiled in bf16/fp16/fp32 against the reference, whole models against the eager
 # backend, autocast numerics; spread over the CPU cores with pytest-xdist where it is installed, since compiling is
-# most of its time), then the target table (`run_gpu.sh`). Each step has its own time limit, so the table runs
+# most of its time), then the target table (what `run_gpu.sh` runs). Each step has its own time limit, so the table runs
 # whatever the tests do. Versions, logs and results go to OUT (default benchmarks/results/cuda):
 #   bash benchmarks/gpu_check.sh [OUT]
-# Needs python3 with torch, Triton and timm (the GPU machine's image); linvit is read from this checkout.
+# Needs python3 (or $PYTHON) with torch, Triton and timm (the GPU machine's image); linvit is read from this checkout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/cuda}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 - <<'PY' 2>&1 | tee "$OUT/gpu-versions.txt"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu-versions.txt"
+"$python" - <<'PY' 2>&1 | tee -a "$OUT/gpu-versions.txt"
 import torch, triton, timm
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(f"{gpu}: torch {torch.__version__}, Triton {triton.__version__}, timm {timm.__version__}")
 PY
 workers=()
-if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
-timeout "${GPU_TESTS_SECONDS:-300}" python3 -m pytest -m cuda -q -p no:cacheprovider "${workers[@]}" \
+if "$python" -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
+timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest -m cuda -q -p no:cacheprovider "${workers[@]}" \
     tests/ops/test_linear_attention_cuda.py tests/reliability/test_numerics.py 2>&1 | tee "$OUT/gpu-tests.txt"
 tests=${PIPESTATUS[0]}
-timeout "${GPU_TABLE_SECONDS:-280}" bash benchmarks/run_gpu.sh --out "$OUT" 2>&1 | tee "$OUT/gpu-targets.txt"
+timeout "${GPU_TABLE_SECONDS:-280}" "$python" -m benchmarks.gpu --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-targets.txt"
 table=${PIPESTATUS[0]}
 echo "gpu_check: tests exit $tests, target table exit $table" | tee -a "$OUT/gpu-versions.txt"
 exit $(( tests || table ))

@@ -110,7 +110,7 @@ def test_gpu_check_runs_both_steps_and_records_them(tmp_path):
     """benchmarks/gpu_check.sh (the one command for a lent GPU) runs the GPU test tier and then the target table, each
     under its own limit, and leaves versions and logs in OUT. On a machine without a GPU the tier skips and the table
     says it has no CUDA device: the script still runs both steps and reports both exit codes."""
-    environment = {**os.environ, "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60"}
+    environment = {**os.environ, "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60", "PYTHON": sys.executable}
     environment.pop("TRITON_INTERPRET", None)
     done = subprocess.run(
         ["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
