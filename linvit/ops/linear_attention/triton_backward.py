@@ -44,7 +44,7 @@ def query_grad_kernel(
     chunk, eps, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
@@ -61,7 +61,7 @@ def query_grad_kernel(
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
     if HAS_DWC:
         tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
-    head0 = tiles.first_head(GROUPED, H_PAD)
+    head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     s_t = tl.permute(s, (0, 2, 1))
@@ -70,10 +70,8 @@ def query_grad_kernel(
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        row_ok = (rows < stop) & real
-        ok = row_ok[None, :, None] & channel_ok
+        rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
+                                                     WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         g = tiles.load_tile(do_base, places, ok, do_stride_n, channels)
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
@@ -112,7 +110,7 @@ def key_value_grad_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``).
@@ -133,7 +131,7 @@ def key_value_grad_kernel(
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + GROUPS + tl.program_id(2)  # the keys' share
-    head0 = tiles.first_head(GROUPED, H_PAD)
+    head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     gs_t = tl.permute(gs, (0, 2, 1))
@@ -141,11 +139,9 @@ def key_value_grad_kernel(
     acc_b = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        row_ok = (rows < stop) & real
+        rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
+                                                     WINDOWED)  # fmt: skip
         keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
-        ok = row_ok[None, :, None] & channel_ok
         keep_ok = keep[None, :, None] & channel_ok
         x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
                             False)  # fmt: skip
@@ -251,15 +247,13 @@ def cross_head_grad_kernel(
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
-    head0 = tiles.first_head(True, H_PAD)
+    head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        row_ok = (rows < stop) & real
-        ok = row_ok[None, :, None] & channel_ok
+        rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
+                                                     WINDOWED)  # fmt: skip
         for which in tl.static_range(2):  # the queries, then the keys (the columns C … 2C, norms 3 floats earlier)
             if which == 0:
                 x = tiles.load_tile(q_base, places, ok, stride_n, channels)

@@ -37,7 +37,7 @@ def state_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
@@ -52,7 +52,7 @@ def state_kernel(
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
     if HAS_DWC:
         tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
-    head0 = tiles.first_head(GROUPED, H_PAD)
+    head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_z = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
@@ -89,8 +89,7 @@ def output_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, GROUPED: tl.constexpr,
-    TOKEN_NORMS: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
     group's heads)."""
@@ -102,7 +101,7 @@ def output_kernel(
     out_base = out_ptr + image.to(tl.int64) * out_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
-    head0 = tiles.first_head(GROUPED, H_PAD)
+    head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     dims = tl.arange(0, D_PAD)[None, None, :]
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
@@ -111,10 +110,8 @@ def output_kernel(
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        row_ok = (rows < stop) & real
-        ok = row_ok[None, :, None] & channel_ok
+        rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
+                                                     WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
@@ -153,10 +150,8 @@ def token_norms_kernel(
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, 0, H, D, H_PAD, D_PAD)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
-        rows = row0 + tl.arange(0, BLOCK_N)
-        places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
-        row_ok = (rows < stop) & real
-        ok = row_ok[None, :, None] & channel_ok
+        rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
+                                                     WINDOWED)  # fmt: skip
         keys = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
                                HAS_POS, PRESCALED)  # fmt: skip
         m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)

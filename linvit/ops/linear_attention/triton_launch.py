@@ -131,8 +131,8 @@ def head_groups(num_heads: int, head_dim: int) -> int:
 
 
 def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
-    """The compile-time sizes of one shape: heads, head dim, the heads of a program's tiles and the head dim, both
-    padded to powers of two, whether the heads are split into groups, and the dot precisions."""
+    """The compile-time sizes of one shape: heads, head dim, the heads of a program's tiles (fewer than all: head
+    groups) and the head dim, both padded to powers of two, and the dot precisions."""
     head_dim = channels // num_heads
     half = dtype in (torch.float16, torch.bfloat16)
     return {
@@ -140,7 +140,6 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
         "D": head_dim,
         "H_PAD": heads_per_program(num_heads, head_dim),
         "D_PAD": max(16, triton.next_power_of_2(head_dim)),
-        "GROUPED": head_groups(num_heads, head_dim) > 1,
         # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation); fp16 ones could
         # overflow there, so they and the fp32 state products use tf32; fp32 inputs keep fp32 products
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
@@ -291,7 +290,6 @@ def forward_plan(
              **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
     trips = _tile_trips(tokens, chunk, chunks)
     norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * 6}
-    launches = [_token_norms(qkv, inverse_temperature, key_position, norms, options, prescaled, multiprocessors)]
     state = Launch(
         "state",
         triton_forward.state_kernel,
@@ -347,7 +345,10 @@ def forward_plan(
         },
         lambda block: (chunks, trips(block)),
     )
-    launches = [launch for launch in launches if launch is not None] + [state, output]
+    launches = [state, output]
+    if token_norms:
+        norms_pass = _token_norms(qkv, inverse_temperature, key_position, norms, options, prescaled, multiprocessors)
+        launches.insert(0, norms_pass)
     return launches, out, (partial_s, partial_z, partial_count, norms)
 
 
@@ -359,11 +360,9 @@ def _token_norms(
     options: KernelOptions,
     prescaled: bool,
     multiprocessors: int | None,
-) -> Launch | None:
-    """The launch that fills ``norms`` (none if it is empty): every head of a token in one program, so chunked as a
-    kernel without head groups."""
-    if norms.numel() == 0:
-        return None
+) -> Launch:
+    """The launch that fills ``norms``: every head of a token in one program, so chunked as a kernel without head
+    groups."""
     walked = geometry(qkv.shape[0], qkv.shape[1], options)
     sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
     chunk, chunks = num_chunks(walked.batch, walked.tokens, qkv.device, multiprocessors)

@@ -32,9 +32,10 @@ ELU = 2
 
 
 @triton.jit
-def first_head(GROUPED: tl.constexpr, H_PAD: tl.constexpr):
-    """The first head of the program's tiles: its group's (``program_id(2)``) with head groups, else 0."""
-    if GROUPED:
+def first_head(H: tl.constexpr, H_PAD: tl.constexpr):
+    """The first head of the program's tiles: with head groups (a program's H_PAD heads fewer than all H) its group's
+    (``program_id(2)``), else 0 (a constant)."""
+    if H_PAD < H:
         head0 = tl.program_id(2) * H_PAD
     else:
         head0 = 0
@@ -126,6 +127,18 @@ def token_places(tokens, top, left, grid_w, map_h, map_w, WINDOWED: tl.constexpr
         places = tokens
         real = True  # a constant: the masks it joins fold it away
     return places, real
+
+
+@triton.jit
+def tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N: tl.constexpr,
+                WINDOWED: tl.constexpr):  # fmt: skip
+    """The tile of BLOCK_N tokens from row0 in a chunk that ends at ``stop``: (its token indices, their rows in the
+    image's token layout (:func:`token_places`), which are tokens of the chunk and the map, and that as a
+    (H_PAD, BLOCK_N, D_PAD) mask with ``channel_ok``)."""
+    rows = row0 + tl.arange(0, BLOCK_N)
+    places, real = token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+    row_ok = (rows < stop) & real
+    return rows, places, row_ok, row_ok[None, :, None] & channel_ok
 
 
 @triton.jit
