@@ -64,9 +64,12 @@ def query_grad_kernel(
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
+    s = tiles.state_operand(s, HALF_DOT)
     s_t = tl.permute(s, (0, 2, 1))
     acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
-    acc_dz = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
+    # dz tile-shaped, summed over the tokens once per program (a sum across threads per tile costs 13
+    # warp-instructions per token); the temperature's reduced per tile: a second such accumulator spills (Triton 3.6)
+    acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -77,11 +80,11 @@ def query_grad_kernel(
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, False,
                                           TOKEN_NORMS), 0.0)  # fmt: skip
-        num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
+        num = tiles.head_product(phi.to(s.dtype), s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
         dnum = g / den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) / den
-        dphi = tiles.head_product(dnum, s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
+        dphi = tiles.head_product(dnum.to(s.dtype), s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
                                                 sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
         tl.store(dq_base + places[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
@@ -93,10 +96,10 @@ def query_grad_kernel(
             )
         else:
             acc_ds = tiles.head_dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, H_PAD, DOT_PRECISION)
-        acc_dz += tl.sum(dden[:, :, None] * phi, axis=1)
+        acc_dz += dden[:, :, None] * phi
         acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
-    tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, acc_dz, head0, H, D, H_PAD, D_PAD)
+    tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, tl.sum(acc_dz, axis=1), head0, H, D, H_PAD, D_PAD)
     _store_row(grads_ptr + slot * (H * D), acc_dinv, head0, H, D, H_PAD, D_PAD)
 
 
@@ -134,9 +137,9 @@ def key_value_grad_kernel(
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
-    gs_t = tl.permute(gs, (0, 2, 1))
-    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: tile-shaped accumulators spill here
-    acc_b = tl.zeros([H_PAD, D_PAD], tl.float32)
+    gs_t = tl.permute(tiles.state_operand(gs, HALF_DOT), (0, 2, 1))
+    acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: a second tile-shaped accumulator spills
+    acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)  # summed over the tokens once per program (34 per token less)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
@@ -146,7 +149,7 @@ def key_value_grad_kernel(
         x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
                             False)  # fmt: skip
         v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
-        dphi = tiles.head_product(v, gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
+        dphi = tiles.head_product(v.to(gs_t.dtype), gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
                                                   sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
@@ -156,21 +159,21 @@ def key_value_grad_kernel(
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
         phi = tl.where(keep_ok, phi, 0.0)
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
-        dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi, (0, 2, 1)), H_PAD, DOT_PRECISION), (0, 2, 1))
+        dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi.to(gs_t.dtype), (0, 2, 1)), H_PAD, DOT_PRECISION),
+                        (0, 2, 1))  # fmt: skip
         if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
-            dv = tiles.depthwise_conv(
+            dv, own = tiles.depthwise_conv(
                 dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
                 map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
             )  # fmt: skip
-            own = tiles.load_tile(do_base, places, ok & (rows >= prefix)[None, :, None], do_stride_n, channels)
-            acc_b += tl.sum(own, axis=1)
+            acc_b += own.to(tl.float32)
         tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
     _store_row(row, acc_dinv, head0, H, D, H_PAD, D_PAD)
     if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K, one per group
         bias_row = row + H * D + D * K * K + tl.program_id(2) * D
-        tl.store(bias_row + tl.arange(0, D_PAD), tl.sum(acc_b, axis=0), mask=tl.arange(0, D_PAD) < D)
+        tl.store(bias_row + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0), mask=tl.arange(0, D_PAD) < D)
 
 
 @triton.jit
@@ -192,6 +195,11 @@ def dwc_weight_grad_kernel(
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
     channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
+    # v is loaded as (H_PAD, D_PAD, BLOCK_N), the product's left operand as it is: a permuted tile goes through
+    # shared memory in 16-byte pieces with two barriers each under Triton 3.6 (623 -> 513 warp-instructions/token)
+    column_heads = tl.arange(0, H_PAD)[:, None, None]
+    column_dims = tl.arange(0, D_PAD)[None, :, None]
+    columns, column_ok = column_heads * D + column_dims, (column_heads < H) & (column_dims < D)
     acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     for item in tl.range(p * items_per_program, tl.minimum((p + 1) * items_per_program, items)):
         b = item // chunks
@@ -204,8 +212,8 @@ def dwc_weight_grad_kernel(
             rows = row0 + tl.arange(0, BLOCK_N)
             places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
             keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
-            v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=keep[None, :, None] & channel_ok,
-                        other=0.0)  # fmt: skip
+            v_t = tl.load(v_base + places[None, None, :] * stride_n + columns, mask=keep[None, None, :] & column_ok,
+                          other=0.0)  # fmt: skip
             sources, source_ok = tiles.neighbour_rows(
                 rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
             )
@@ -216,10 +224,9 @@ def dwc_weight_grad_kernel(
             # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
             # instructions than converting both tiles and multiplying elementwise
             if HALF_DOT:
-                acc = tl.dot(tl.permute(v, (0, 2, 1)), g.to(v.dtype), acc)
+                acc = tl.dot(v_t, g.to(v_t.dtype), acc)
             else:
-                acc = tl.dot(tl.permute(v.to(tl.float32), (0, 2, 1)), g.to(tl.float32), acc,
-                             input_precision=DOT_PRECISION)  # fmt: skip
+                acc = tl.dot(v_t.to(tl.float32), g.to(tl.float32), acc, input_precision=DOT_PRECISION)
     dims = tl.arange(0, D_PAD)
     diagonal = tl.sum(tl.sum(tl.where(dims[None, :, None] == dims[None, None, :], acc, 0.0), axis=2), axis=0)
     row = grads_ptr + p.to(tl.int64) * grads_width + H * D

@@ -120,7 +120,7 @@ def output_kernel(
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
         out = num * (1.0 / den)[:, :, None]
         if HAS_DWC:
-            out = tiles.depthwise_conv(
+            out, _ = tiles.depthwise_conv(
                 out, v_base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
                 head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
             )  # fmt: skip

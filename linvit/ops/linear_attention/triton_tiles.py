@@ -334,6 +334,17 @@ def head_product(a, b, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def state_operand(s, HALF_DOT: tl.constexpr):
+    """A backward kernel's d × d state (S, or dL/dS) as the operand of its products with the token tiles: bf16 with
+    bf16 inputs (fp32 accumulation), as the torch backend's products under autocast and fla's chunk kernels take
+    them; fp32 otherwise (tf32 with fp16 inputs, which could overflow in half). fp32 operands hold twice the
+    registers: query_grad and key_value_grad spill at 4 warps under Triton 3.6 with them."""
+    if HALF_DOT:
+        s = s.to(tl.bfloat16)
+    return s
+
+
+@triton.jit
 def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H: tl.constexpr, D: tl.constexpr,
                    H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
     """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of the heads head0 … of batch element b: the partial sums of its
@@ -437,6 +448,8 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
         places, real = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
         value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & real & channel_ok, other=0.0)
+        if tap == (K * K) // 2:
+            center = value
         weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0)
         if TENSOR_TAPS:
             conv = tl.dot(value.to(TAP_DTYPE), tl.where(diagonal, weight, 0.0).to(TAP_DTYPE), conv)
@@ -444,4 +457,5 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
             conv = tl.fma(value.to(tl.float32), weight.to(tl.float32), conv)
     if TENSOR_TAPS:
         conv = acc + tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
-    return conv
+        center = tl.reshape(center, (H_PAD, BLOCK_N, D_PAD))
+    return conv, center
