@@ -24,6 +24,7 @@ _REGISTERS_PER_SM = 65536
 _WARPS_PER_SM = 64
 _PROGRAMS_PER_SM = 32
 _SHARED_PER_SM = 228 * 1024
+SHARED_PER_PROGRAM = 227 * 1024  # the most one program may allocate on sm_90: a launch asking more fails
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -224,6 +225,10 @@ class KernelCost:
     resident_per_sm: int
     instructions: float  # dynamic warp-instructions of the whole launch
     by_opcode: dict[str, float]
+
+    @property
+    def launchable(self) -> bool:
+        return self.shared_bytes <= SHARED_PER_PROGRAM
 
     def waves(self, multiprocessors: int = H200_MULTIPROCESSORS) -> float:
         return self.programs / (self.resident_per_sm * multiprocessors)

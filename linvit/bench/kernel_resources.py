@@ -124,24 +124,35 @@ def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[t
 
 
 def best(costs: list[tuple[tuple[int, int, int], KernelCost]]) -> tuple[tuple[int, int, int], KernelCost]:
-    """The configuration with the fewest instructions among those that do not spill (the least spilling one, if
-    every one does)."""
-    clean = [item for item in costs if item[1].spill_bytes == 0]
+    """The configuration with the fewest instructions among the launchable ones that do not spill (the least
+    spilling one, if every one does)."""
+    launchable = [item for item in costs if item[1].launchable] or costs
+    clean = [item for item in launchable if item[1].spill_bytes == 0]
     if not clean:
-        return min(costs, key=lambda item: (item[1].spill_bytes, item[1].instructions))
+        return min(launchable, key=lambda item: (item[1].spill_bytes, item[1].instructions))
     return min(clean, key=lambda item: item[1].instructions)
+
+
+def unlaunchable(name: str, costs: list[tuple[tuple[int, int, int], KernelCost]]) -> list[str]:
+    """The configurations of a launch's autotune space that ask more shared memory than a program may have: autotuning
+    skips them, but a launch pinned to one (`pinned_tiles`, the GPU test tier) fails."""
+    return [
+        f"{name} {'x'.join(map(str, config))}: {cost.shared_bytes} B" for config, cost in costs if not cost.launchable
+    ]
 
 
 def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
     """The cost figure of every shape: per kernel the chosen config and its counts; per pass the totals."""
-    figure = {"arch": arch, "shapes": []}
+    figure = {"arch": arch, "shapes": [], "unlaunchable": []}
     for shape in shapes:
         tokens = shape.batch * shape.tokens
         entry = {"shape": dataclasses.asdict(shape), "kernels": [], "passes": {}}
         for pass_name, launches in zip(("forward", "backward"), plans(shape)):
             total = 0.0
             for launch in launches:
-                config, cost = best(launch_costs(launch, shape.tokens, arch))
+                costs = launch_costs(launch, shape.tokens, arch)
+                figure["unlaunchable"] += unlaunchable(f"{shape.name}: {launch.name}", costs)
+                config, cost = best(costs)
                 total += cost.instructions
                 entry["kernels"].append(
                     {
@@ -171,21 +182,23 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
 SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (5, 64), (6, 32))
 
 
-def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> dict[str, int]:
+def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list[str]]:
     """Per heads × head_dim (head_dim ≤ 64, benchmark map size): the largest spill among the kernels' chosen
-    configurations."""
-    spills = {}
+    configurations; and the configurations there that cannot launch (:func:`unlaunchable`)."""
+    spills, too_large = {}, []
     for heads, head_dim in cases:
         shape = Shape(f"{heads}×{head_dim}", 8, heads, head_dim, (256, 256))
         worst = 0
         for launches in plans(shape):
             for launch in launches:
-                worst = max(worst, best(launch_costs(launch, shape.tokens, arch))[1].spill_bytes)
+                costs = launch_costs(launch, shape.tokens, arch)
+                too_large += unlaunchable(f"{shape.name}: {launch.name}", costs)
+                worst = max(worst, best(costs)[1].spill_bytes)
         spills[f"{heads}x{head_dim}"] = worst
-    return spills
+    return spills, too_large
 
 
-def summary(figure: dict, spills: dict[str, int]) -> dict:
+def summary(figure: dict, spills: dict[str, int], too_large: list[str] = ()) -> dict:
     """The headline numbers (the first shape is the benchmark shape)."""
     passes = figure["shapes"][0]["passes"]
     return {
@@ -195,6 +208,7 @@ def summary(figure: dict, spills: dict[str, int]) -> dict:
         "backward_launches": passes["backward"]["launches"],
         "max_spill_bytes_head_dim_le_64": max(spills.values()),
         "spill_bytes_by_heads_x_head_dim": spills,
+        "unlaunchable_configurations": figure["unlaunchable"] + list(too_large),
         "forward_predicted_ms": round(passes["forward"]["predicted_ms_at_half_issue_rate"], 3),
         "backward_predicted_ms": round(passes["backward"]["predicted_ms_at_half_issue_rate"], 3),
     }
@@ -217,7 +231,8 @@ def markdown(figure: dict, headline: dict) -> str:
         f"{headline['backward_instructions_per_token']} warp-instructions per token (targets ≤ 500 / ≤ 1,500; the "
         f"first kernel set: 1,950 / 7,449), launches {headline['forward_launches']} / "
         f"{headline['backward_launches']} (targets ≤ 3 / ≤ 5), largest spill at head_dim ≤ 64: "
-        f"{headline['max_spill_bytes_head_dim_le_64']} B.",
+        f"{headline['max_spill_bytes_head_dim_le_64']} B. Configurations of the autotune space that ask more shared "
+        f"memory than a program may have (227 KiB): {', '.join(headline['unlaunchable_configurations']) or 'none'}.",
         "",
         "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
         + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
@@ -289,7 +304,7 @@ def main(argv: list[str] | None = None, default_output: Path | None = None) -> i
     if not args.cost:
         return _resource_table(args)
     figure = cost_figure(arch=args.arch)
-    headline = summary(figure, spill_bytes(arch=args.arch))
+    headline = summary(figure, *spill_bytes(arch=args.arch))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(markdown(figure, headline))
@@ -298,7 +313,7 @@ def main(argv: list[str] | None = None, default_output: Path | None = None) -> i
     else:
         print(markdown(figure, headline))
     spilled = any(kernel["spill_bytes"] for entry in figure["shapes"] for kernel in entry["kernels"])
-    return 1 if spilled or headline["max_spill_bytes_head_dim_le_64"] else 0
+    return 1 if spilled or headline["max_spill_bytes_head_dim_le_64"] or headline["unlaunchable_configurations"] else 0
 
 
 if __name__ == "__main__":

@@ -155,3 +155,20 @@ def test_counter_on_a_compiled_kernel_counts_each_iterations_loads_once(tmp_path
         assert result["spill"] == 0
     per_iteration = (results[300]["total"] - results[100]["total"]) / (200 * 4 * 3)
     assert 2 <= per_iteration <= 20  # a load, an add and the loop's own few instructions per warp and iteration
+
+
+@needs_triton
+def test_the_chosen_configuration_can_launch_and_does_not_spill():
+    """The cost figure keeps the fewest instructions among configurations that launch (shared memory within the 227 KiB
+    a program may have) and do not spill, and names the ones that cannot launch: a launch pinned to one fails."""
+    from linvit.bench.kernel_cost import KernelCost
+    from linvit.bench.kernel_resources import best, unlaunchable
+
+    def cost(instructions, spill=0, shared=0):
+        return KernelCost(128, spill, shared, 256, 4, 2, instructions, {})
+
+    costs = [((32, 4, 2), cost(100, shared=540 * 1024)), ((32, 4, 1), cost(200, shared=32 * 1024)),
+             ((64, 4, 1), cost(150, spill=8)), ((16, 4, 1), cost(250))]  # fmt: skip
+    assert best(costs)[0] == (32, 4, 1)
+    assert best([costs[2], ((16, 8, 1), cost(300, spill=4))])[0] == (16, 8, 1)  # every one spills: the least
+    assert unlaunchable("output", costs) == [f"output 32x4x2: {540 * 1024} B"]

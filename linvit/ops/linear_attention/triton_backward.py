@@ -60,7 +60,7 @@ def query_grad_kernel(
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
     if HAS_DWC:
-        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, False, tl.float32)  # for multiply-adds
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)

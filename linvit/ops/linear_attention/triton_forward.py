@@ -38,7 +38,7 @@ def state_kernel(
     MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
-    HAS_DWC: tl.constexpr, K: tl.constexpr,
+    HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
     program also copies the DWC weight tap-major for the output kernel."""
@@ -51,7 +51,7 @@ def state_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
     if HAS_DWC:
-        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K)
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, TENSOR_TAPS, TAP_DTYPE)
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
@@ -109,7 +109,10 @@ def output_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
-    for row0 in tl.range(start, stop, BLOCK_N):
+    # not pipelined with tensor-core taps: the pipeliner would multi-buffer every tap's gathered rows and diagonal
+    # weights in shared memory (328-540 KB at 2 stages, beyond the SM's 227 KB: such a launch fails)
+    STAGES: tl.constexpr = 1 if TENSOR_TAPS else None
+    for row0 in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)

@@ -244,10 +244,16 @@ def token_norms_shape(images: int, map_tokens: int, channels: int, options: Kern
     return (images, map_tokens, 6) if grouped and options.feature_map == FOCUSED else (0,)
 
 
-def _tap_major(dwc_weight: Tensor | None, qkv: Tensor) -> Tensor:
-    """The buffer of the DWC weight's tap-major copy (K·K, D) that a plan's first kernel writes
-    (`triton_tiles.copy_taps_major`), in the weight's dtype; without a DWC a placeholder."""
-    return qkv if dwc_weight is None else torch.empty(dwc_weight.numel(), device=qkv.device, dtype=dwc_weight.dtype)
+def _tap_major(dwc_weight: Tensor | None, qkv: Tensor, products: dict | None = None, head_dim_pad: int = 0) -> Tensor:
+    """The buffer of the DWC weight's copy that a plan's first kernel writes (`triton_tiles.copy_taps_major`): for
+    multiply-adds tap-major (K·K, D) in the weight's dtype; for tensor-core taps (``products``: :func:`tap_products`)
+    each tap's (D_PAD, D_PAD) diagonal matrix in the taps' dtype; without a DWC a placeholder."""
+    if dwc_weight is None:
+        return qkv
+    if products is None or not products["TENSOR_TAPS"]:
+        return torch.empty(dwc_weight.numel(), device=qkv.device, dtype=dwc_weight.dtype)
+    dtype = {tl.float32: torch.float32, tl.float16: torch.float16, tl.bfloat16: torch.bfloat16}[products["TAP_DTYPE"]]
+    return torch.empty(dwc_weight.shape[-1] ** 2 * head_dim_pad**2, device=qkv.device, dtype=dtype)
 
 
 def _dwc_constants(dwc_weight: Tensor | None) -> dict:
@@ -284,7 +290,8 @@ def forward_plan(
     partial_count = torch.empty(batch, chunks, **floats)
     norms = torch.empty(token_norms_shape(images, map_tokens, channels, options), **floats)
     token_norms = norms.numel() > 0
-    taps = _tap_major(dwc_weight, qkv)
+    dwc = {**_dwc_constants(dwc_weight), **tap_products(qkv.dtype, sizes["D_PAD"])}
+    taps = _tap_major(dwc_weight, qkv, dwc, sizes["D_PAD"])
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
              **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
@@ -310,7 +317,7 @@ def forward_plan(
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
         },
-        {**sizes, **flags, "HAS_POS": key_position is not None, **_dwc_constants(dwc_weight)},
+        {**sizes, **flags, "HAS_POS": key_position is not None, **dwc},
         lambda block: (trips(block),),
     )
     output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
@@ -339,9 +346,8 @@ def forward_plan(
         {
             **output_sizes,
             **flags,
-            **_dwc_constants(dwc_weight),
+            **dwc,
             "HAS_BIAS": dwc_bias is not None,
-            **tap_products(qkv.dtype, sizes["D_PAD"]),
         },
         lambda block: (chunks, trips(block)),
     )
@@ -436,7 +442,8 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    taps = _tap_major(dwc_weight, qkv)
+    dwc = _dwc_constants(dwc_weight)
+    taps = _tap_major(dwc_weight, qkv)  # the transposed conv takes multiply-adds
     common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
     group_args = {
         "norms_ptr": norms if token_norms else qkv,
@@ -472,7 +479,7 @@ def backward_plan(
             "eps": eps,
             "feature_eps": feature_eps,
         },
-        {**sizes, **common, **_dwc_constants(dwc_weight)},
+        {**sizes, **common, **dwc},
         lambda block: (chunks, trips(block)),
     )
     key_value = Launch(
@@ -500,7 +507,7 @@ def backward_plan(
         {
             **sizes,
             **common,
-            **_dwc_constants(dwc_weight),
+            **dwc,
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
         },

@@ -396,15 +396,24 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
 
 
 @triton.jit
-def copy_taps_major(w_ptr, taps_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr):
-    """Copy the DWC weight (D, 1, K, K) to ``taps_ptr`` as (K·K, D), done by the first program of a kernel that runs
-    before the ones that multiply the taps: there a tap's D weights are contiguous, so each thread loads its channels'
-    weights as vectors; strided by K·K they take a scalar load each, for every tap of every tile (about 50 of
-    key_value_grad's 66 global loads per token at C = 128)."""
+def copy_taps_major(w_ptr, taps_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr,
+                    TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
+    """Copy the DWC weight (D, 1, K, K) to ``taps_ptr`` in the form :func:`depthwise_conv` multiplies, done by the
+    first program of a kernel that runs before the ones that multiply the taps. Multiply-adds: (K·K, D), a tap's D
+    weights contiguous, so that each thread loads its channels' weights as vectors (strided by K·K they take a
+    scalar load each, for every tap of every tile: about 50 of key_value_grad's 66 global loads per token at
+    C = 128). ``TENSOR_TAPS``: (K·K, D_PAD, D_PAD) in ``TAP_DTYPE``, each tap's diagonal matrix of its weights, which
+    the tiles then load as the product's operand (built from the weights in every tile, its selects and shared-memory
+    stores cost 90 warp-instructions per token of the forward's 339 at the benchmark shape)."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
         dims = tl.arange(0, D_PAD)
         for tap in tl.static_range(K * K):
-            tl.store(taps_ptr + tap * D + dims, tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D), mask=dims < D)
+            weight = tl.load(w_ptr + dims * (K * K) + tap, mask=dims < D, other=0.0)
+            if TENSOR_TAPS:
+                diagonal = tl.where(dims[:, None] == dims[None, :], weight[None, :], 0.0).to(TAP_DTYPE)
+                tl.store(taps_ptr + tap * (D_PAD * D_PAD) + dims[:, None] * D_PAD + dims[None, :], diagonal)
+            else:
+                tl.store(taps_ptr + tap * D + dims, weight, mask=dims < D)
 
 
 @triton.jit
@@ -432,7 +441,6 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         dims = tl.arange(0, D_PAD)[None, :]
         channels = heads * D + dims
         channel_ok = (heads < H) & (dims < D)
-        diagonal = tl.arange(0, D_PAD)[:, None] == dims
         conv = tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
     else:  # multiply-adds straight into acc (a second tile-sized accumulator spills in the backward)
         rows = row0 + tl.arange(0, BLOCK_N)[None, :, None]
@@ -450,10 +458,11 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & real & channel_ok, other=0.0)
         if tap == (K * K) // 2:
             center = value
-        weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0)
         if TENSOR_TAPS:
-            conv = tl.dot(value.to(TAP_DTYPE), tl.where(diagonal, weight, 0.0).to(TAP_DTYPE), conv)
+            square = tl.arange(0, D_PAD)[:, None] * D_PAD + dims
+            conv = tl.dot(value.to(TAP_DTYPE), tl.load(taps_ptr + tap * (D_PAD * D_PAD) + square), conv)
         else:
+            weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0)
             conv = tl.fma(value.to(tl.float32), weight.to(tl.float32), conv)
     if TENSOR_TAPS:
         conv = acc + tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
