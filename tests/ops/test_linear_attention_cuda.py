@@ -82,9 +82,10 @@ def test_compiled_head_groups_at_a_large_map_span_many_chunks(dtype):
 
 
 # flatten_swin_tiny's 6 × 32 and flatten_pvt_v2_b1's 2, 5 and 8 × 64 heads run in head groups
-@pytest.mark.parametrize(
-    "model_name", ["linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0", "flatten_pvt_v2_b1"]
-)
+MODEL_NAMES = ("linvit_nano", "flatten_swin_tiny_patch4_224", "flatten_pvt_v2_b0", "flatten_pvt_v2_b1")
+
+
+@pytest.mark.parametrize("model_name", MODEL_NAMES)
 def test_models_on_the_triton_backend_equal_the_torch_backend(model_name):
     import timm
 

@@ -140,19 +140,22 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
         "D": head_dim,
         "H_PAD": heads_per_program(num_heads, head_dim),
         "D_PAD": max(16, triton.next_power_of_2(head_dim)),
-        # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation); fp16 ones could
-        # overflow there, so they and the fp32 state products use tf32; fp32 inputs keep fp32 products
+        # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation), and the backward's
+        # products with a d × d state take it in bf16 too (`triton_tiles.state_operand`); fp16 tiles could overflow
+        # there, so they and the forward's state products use tf32; fp32 inputs keep fp32 products
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
         "DOT_PRECISION": "tf32" if half and not interpreting() else "ieee",
     }
 
 
 def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
-    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds): 16-bit inputs with
+    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds: with tensor-core taps
+    key_value_grad issues more, 701 against 631 per token at 4×32 by the cost figure): 16-bit inputs with
     padded head dims up to 32 on the tensor cores (each tap a product with a diagonal weight matrix in the input's
-    dtype, the weights rounded to it as autocast rounds them, fp32 accumulation); fp32 inputs and head dims of 64 and
+    dtype, the weights rounded to it as autocast rounds them, fp32 accumulation; the matrices built once per call by
+    the state kernel's first program); fp32 inputs and head dims of 64 and
     more with fp32 multiply-adds (a diagonal product does head_dim× the work the tap needs: on sm_90 at head_dim 64
-    the multiply-adds issue fewer instructions, 261 against 384 per token at 1×64, by the cost figure). The
+    the multiply-adds issue no more instructions, 276 against 281 per token at 1×64, by the cost figure). The
     interpreter takes the tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the
     weights unrounded."""
     if dtype not in (torch.float16, torch.bfloat16) or head_dim_pad > 32:
