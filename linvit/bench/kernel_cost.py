@@ -280,3 +280,21 @@ def kernel_cost(
         instructions=per_program * scale,
         by_opcode={key: value * scale for key, value in by_opcode.items()},
     )
+
+
+def best(costs: list[tuple[tuple[int, int, int], KernelCost]]) -> tuple[tuple[int, int, int], KernelCost]:
+    """The configuration with the fewest instructions among the launchable ones that do not spill (the least
+    spilling one, if every one does)."""
+    launchable = [item for item in costs if item[1].launchable] or costs
+    clean = [item for item in launchable if item[1].spill_bytes == 0]
+    if not clean:
+        return min(launchable, key=lambda item: (item[1].spill_bytes, item[1].instructions))
+    return min(clean, key=lambda item: item[1].instructions)
+
+
+def unlaunchable(name: str, costs: list[tuple[tuple[int, int, int], KernelCost]]) -> list[str]:
+    """The configurations of a launch's autotune space that ask more shared memory than a program may have: autotuning
+    skips them, but a launch pinned to one (`pinned_tiles`, the GPU test tier) fails."""
+    return [
+        f"{name} {'x'.join(map(str, config))}: {cost.shared_bytes} B" for config, cost in costs if not cost.launchable
+    ]

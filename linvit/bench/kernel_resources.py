@@ -30,7 +30,14 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU even where tests
 
 import torch  # noqa: E402
 
-from linvit.bench.kernel_cost import H200_ISSUE_RATE, H200_MULTIPROCESSORS, KernelCost, kernel_cost  # noqa: E402
+from linvit.bench.kernel_cost import (  # noqa: E402
+    H200_ISSUE_RATE,
+    H200_MULTIPROCESSORS,
+    KernelCost,
+    best,
+    kernel_cost,
+    unlaunchable,
+)
 from linvit.ops.linear_attention import triton_launch  # noqa: E402
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU  # noqa: E402
 
@@ -121,24 +128,6 @@ def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[t
         cost = kernel_cost(launch.kernel, args, constants, launch.grid, launch.loops(block), warps, stages, arch)
         results.append(((block, warps, stages), cost))
     return results
-
-
-def best(costs: list[tuple[tuple[int, int, int], KernelCost]]) -> tuple[tuple[int, int, int], KernelCost]:
-    """The configuration with the fewest instructions among the launchable ones that do not spill (the least
-    spilling one, if every one does)."""
-    launchable = [item for item in costs if item[1].launchable] or costs
-    clean = [item for item in launchable if item[1].spill_bytes == 0]
-    if not clean:
-        return min(launchable, key=lambda item: (item[1].spill_bytes, item[1].instructions))
-    return min(clean, key=lambda item: item[1].instructions)
-
-
-def unlaunchable(name: str, costs: list[tuple[tuple[int, int, int], KernelCost]]) -> list[str]:
-    """The configurations of a launch's autotune space that ask more shared memory than a program may have: autotuning
-    skips them, but a launch pinned to one (`pinned_tiles`, the GPU test tier) fails."""
-    return [
-        f"{name} {'x'.join(map(str, config))}: {cost.shared_bytes} B" for config, cost in costs if not cost.launchable
-    ]
 
 
 def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:

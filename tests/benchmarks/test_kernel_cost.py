@@ -157,12 +157,10 @@ def test_counter_on_a_compiled_kernel_counts_each_iterations_loads_once(tmp_path
     assert 2 <= per_iteration <= 20  # a load, an add and the loop's own few instructions per warp and iteration
 
 
-@needs_triton
 def test_the_chosen_configuration_can_launch_and_does_not_spill():
     """The cost figure keeps the fewest instructions among configurations that launch (shared memory within the 227 KiB
     a program may have) and do not spill, and names the ones that cannot launch: a launch pinned to one fails."""
-    from linvit.bench.kernel_cost import KernelCost
-    from linvit.bench.kernel_resources import best, unlaunchable
+    from linvit.bench.kernel_cost import KernelCost, best, unlaunchable
 
     def cost(instructions, spill=0, shared=0):
         return KernelCost(128, spill, shared, 256, 4, 2, instructions, {})
