@@ -158,11 +158,7 @@ def token_norms_kernel(
         keys = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
                                HAS_POS, PRESCALED)  # fmt: skip
         m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)
-        tl.store(norms_base + places * 6, m, mask=row_ok)
-        tl.store(norms_base + places * 6 + 1, sq_a, mask=row_ok)
-        tl.store(norms_base + places * 6 + 2, sq_y, mask=row_ok)
+        tiles.store_norms(norms_base, places, row_ok, m, sq_a, sq_y)
         queries = tiles.load_tile(q_base, places, ok, stride_n, channels)
         m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(queries, inv, channel_ok, feature_eps, PRESCALED), POWER)
-        tl.store(norms_base + places * 6 + 3, m, mask=row_ok)
-        tl.store(norms_base + places * 6 + 4, sq_a, mask=row_ok)
-        tl.store(norms_base + places * 6 + 5, sq_y, mask=row_ok)
+        tiles.store_norms(norms_base + 3, places, row_ok, m, sq_a, sq_y)

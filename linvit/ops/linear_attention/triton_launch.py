@@ -25,7 +25,7 @@ from torch import Tensor
 
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_backward, triton_forward
-from linvit.ops.linear_attention.triton_tiles import FOCUSED
+from linvit.ops.linear_attention.triton_tiles import FOCUSED, NORMS_PER_TOKEN
 
 __all__ = ["KernelOptions", "Launch", "backward_plan", "forward_plan", "kernel_sizes", "num_chunks", "TILE_CONFIGS"]
 
@@ -244,7 +244,7 @@ def token_norms_shape(images: int, map_tokens: int, channels: int, options: Kern
     """The shape of the focused map's per-token norms the forward hands the backward: (images, N, 6) fp32 (the keys'
     m, ‖â‖², ‖â^p‖², then the queries') where the heads are split into groups, else (0,) (nothing to hand)."""
     grouped = head_groups(options.num_heads, channels // options.num_heads) > 1
-    return (images, map_tokens, 6) if grouped and options.feature_map == FOCUSED else (0,)
+    return (images, map_tokens, NORMS_PER_TOKEN.value) if grouped and options.feature_map == FOCUSED else (0,)
 
 
 def _tap_major(dwc_weight: Tensor | None, qkv: Tensor, products: dict | None = None, head_dim_pad: int = 0) -> Tensor:
@@ -299,7 +299,7 @@ def forward_plan(
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
              **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
     trips = _tile_trips(tokens, chunk, chunks)
-    norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * 6}
+    norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value}
     state = Launch(
         "state",
         triton_forward.state_kernel,
@@ -451,7 +451,7 @@ def backward_plan(
     group_args = {
         "norms_ptr": norms if token_norms else qkv,
         "cross_ptr": cross,
-        "norms_stride_b": map_tokens * 6,
+        "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value,
         "cross_stride_b": map_tokens * 2 * groups,
     }
     grad_args = {

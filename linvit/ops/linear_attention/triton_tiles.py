@@ -29,6 +29,8 @@ import triton.language as tl
 FOCUSED = 0
 RELU = 1
 ELU = 2
+# fp32 values per token of the focused map's norms in head groups: the key's (m, ‖â‖², ‖â^p‖²), then the query's
+NORMS_PER_TOKEN = tl.constexpr(6)
 
 
 @triton.jit
@@ -222,13 +224,21 @@ def token_norms(a, POWER: tl.constexpr):
 
 
 @triton.jit
+def store_norms(base, places, ok, m, sq_a, sq_y):
+    """Write the (m, ‖â‖², ‖â^p‖²) of the tokens at ``places`` where ``ok``: 3 fp32 at base + NORMS_PER_TOKEN·place."""
+    tl.store(base + places * NORMS_PER_TOKEN, m, mask=ok)
+    tl.store(base + places * NORMS_PER_TOKEN + 1, sq_a, mask=ok)
+    tl.store(base + places * NORMS_PER_TOKEN + 2, sq_y, mask=ok)
+
+
+@triton.jit
 def load_norms(base, places, ok, TOKEN_NORMS: tl.constexpr):
-    """With ``TOKEN_NORMS``, the (m, ‖â‖², ‖â^p‖²) of the tokens at ``places`` from the norms pass (3 fp32 at
-    base + 6·place; 1 where not ``ok``); else placeholders that :func:`focus` ignores."""
+    """With ``TOKEN_NORMS``, the (m, ‖â‖², ‖â^p‖²) of the tokens at ``places`` from the norms pass (as
+    :func:`store_norms` wrote them; 1 where not ``ok``); else placeholders that :func:`focus` ignores."""
     if TOKEN_NORMS:
-        m = tl.load(base + places * 6, mask=ok, other=1.0)
-        sq_a = tl.load(base + places * 6 + 1, mask=ok, other=1.0)
-        sq_y = tl.load(base + places * 6 + 2, mask=ok, other=1.0)
+        m = tl.load(base + places * NORMS_PER_TOKEN, mask=ok, other=1.0)
+        sq_a = tl.load(base + places * NORMS_PER_TOKEN + 1, mask=ok, other=1.0)
+        sq_y = tl.load(base + places * NORMS_PER_TOKEN + 2, mask=ok, other=1.0)
     else:
         m = 1.0
         sq_a = 1.0
