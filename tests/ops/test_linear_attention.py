@@ -176,6 +176,17 @@ def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(nam
         _assert_close(got.float().cpu(), want, 3e-2)
 
 
+def test_the_weight_gradient_shares_each_tile_of_v_between_taps_while_their_products_fit():
+    """The DWC weight's gradient: three taps a program while their (H_PAD, D_PAD, D_PAD) fp32 products fit the
+    budget, fewer beyond (the interpreter cases run 3, 2 and 1, and the last program's spare taps: 25 = 8·3 + 1)."""
+    pytest.importorskip("triton")
+    from linvit.ops.linear_attention.triton_launch import weight_taps_per_program
+
+    cases = {(4, 32): 3, (2, 16): 3, (1, 64): 3, (2, 64): 2, (8, 32): 2, (4, 64): 1, (1, 128): 1, (8, 64): 1}
+    for (heads_pad, head_dim_pad), expected in cases.items():
+        assert weight_taps_per_program(heads_pad, head_dim_pad) == expected, (heads_pad, head_dim_pad)
+
+
 def test_heads_share_a_program_while_their_states_fit():
     """The tiled kernels' head groups: every head in one program up to 4 × 32² fp32 of d × d states, else groups of
     the largest power of two of heads that fits (the last one ragged); the forward hands the backward per-token norms

@@ -11,9 +11,10 @@ Four launches, five for the focused map with head groups (``cross_head_grad_kern
   keys dL/dk and dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once
   for all channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and
   reduced once per program.
-- ``dwc_weight_grad_kernel`` (grid batch × chunk × tap): the DWC weight's gradient Σ v · dL/dout(shifted), one tap
-  per program, from a tensor-core product of the raw tiles accumulated over the chunk, whose diagonal is taken once
-  (a reduction per tap and tile inside the key kernel cost more than the rest of the backward together).
+- ``dwc_weight_grad_kernel`` (grid items × taps): the DWC weight's gradient Σ v · dL/dout(shifted), one to three taps
+  per program sharing each tile of v, each from a tensor-core product of the raw tiles accumulated over the program's
+  items, whose diagonal is taken once (a reduction per tap and tile inside the key kernel cost more than the rest of
+  the backward together).
 - ``cross_head_grad_kernel`` (head groups, focused map; grid batch × chunk × group): the cross-head term of dq and
   dk added in place, and its share of the temperature gradient.
 - ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
@@ -177,20 +178,56 @@ def key_value_grad_kernel(
 
 
 @triton.jit
+def _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n, channels,
+                  channel_ok, tap, K: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+    """dL/dout at the tokens that tap ``tap`` of each token of a tile feeds ((H_PAD, BLOCK_N, D_PAD), zero where
+    that is no token of the map, where the token itself is not kept, and everywhere for a tap beyond K·K: the last
+    program's spare ones)."""
+    sources, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K)
+    places, real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
+    ok = (source_ok & real & (tap < K * K))[None, :, None] & channel_ok
+    return tl.load(do_base + places[None, :, None] * do_stride_n + channels, mask=ok, other=0.0)
+
+
+@triton.jit
+def _tap_product(v_t, g, acc, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + Σ_n v[n, i] g[n, j] for every pair of a head's channels, whose diagonal (i = j) is the gradient: a
+    tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
+    instructions than converting both tiles and multiplying elementwise."""
+    if HALF_DOT:
+        acc = tl.dot(v_t, g.to(v_t.dtype), acc)
+    else:
+        acc = tl.dot(v_t.to(tl.float32), g.to(tl.float32), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _store_tap(grads_row, acc, tap, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr):
+    """The diagonal of a tap's product, summed over the heads, into its D columns (strided by K·K) of a row; nothing
+    for a tap beyond K·K."""
+    dims = tl.arange(0, D_PAD)
+    diagonal = tl.sum(tl.sum(tl.where(dims[None, :, None] == dims[None, None, :], acc, 0.0), axis=2), axis=0)
+    tl.store(grads_row + dims * (K * K) + tap, diagonal, mask=(dims < D) & (tap < K * K))
+
+
+@triton.jit
 def dwc_weight_grad_kernel(
     qkv_ptr, mask_ptr, do_ptr, grads_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
     map_h, map_w, windows, windows_w, items, items_per_program, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    K: tl.constexpr, TAPS: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
-    """The DWC weight's gradient for tap ``program_id(1)`` over the items (chunk t of batch element b, item
-    b·chunks + t) p·items_per_program … of program p = ``program_id(0)``: Σ_n v[n] · dL/dout[n - offset(tap)] per
-    channel of a head, summed over the heads (v zero at masked and class tokens). Walking several items (the many
-    small windows of a windowed map) keeps the per-program work (the diagonal and its store) off the tokens."""
+    """The DWC weight's gradient for the TAPS (1 to 3) taps TAPS·j … of j = ``program_id(1)`` (fewer in the last
+    program where K·K is no multiple), over the items (chunk t of batch element b, item b·chunks + t)
+    p·items_per_program … of program p = ``program_id(0)``: Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a
+    head, summed over the heads (v zero at masked and class tokens). The taps share each tile of v and its rows'
+    coordinates (loaded and divided once per tap, one tap a program issued 291 warp-instructions per token at 4×32;
+    three, 201). Walking several items (the many small windows of a windowed map) keeps the per-program work (the
+    diagonals and their stores) off the tokens."""
     p = tl.program_id(0)
-    tap = tl.program_id(1)
+    first = TAPS * tl.program_id(1)
     chunks = tl.cdiv(N, chunk)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -200,7 +237,9 @@ def dwc_weight_grad_kernel(
     column_heads = tl.arange(0, H_PAD)[:, None, None]
     column_dims = tl.arange(0, D_PAD)[None, :, None]
     columns, column_ok = column_heads * D + column_dims, (column_heads < H) & (column_dims < D)
-    acc = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    acc_first = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    acc_second = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
+    acc_third = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     for item in tl.range(p * items_per_program, tl.minimum((p + 1) * items_per_program, items)):
         b = item // chunks
         image, top, left = tiles.window_origin(b, windows, windows_w, WINDOW_H, WINDOW_W)
@@ -214,23 +253,23 @@ def dwc_weight_grad_kernel(
             keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
             v_t = tl.load(v_base + places[None, None, :] * stride_n + columns, mask=keep[None, None, :] & column_ok,
                           other=0.0)  # fmt: skip
-            sources, source_ok = tiles.neighbour_rows(
-                rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K
-            )
-            source_places, source_real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
-            g = tl.load(do_base + source_places[None, :, None] * do_stride_n + channels,
-                        mask=(source_ok & source_real)[None, :, None] & channel_ok, other=0.0)  # fmt: skip
-            # Σ_n v[n, i] g[n, j] for every pair of a head's channels: the diagonal (i = j) is the gradient; a
-            # tensor-core product of the raw tiles (products of two half values are exact in fp32) issues far fewer
-            # instructions than converting both tiles and multiplying elementwise
-            if HALF_DOT:
-                acc = tl.dot(v_t, g.to(v_t.dtype), acc)
-            else:
-                acc = tl.dot(v_t.to(tl.float32), g.to(tl.float32), acc, input_precision=DOT_PRECISION)
-    dims = tl.arange(0, D_PAD)
-    diagonal = tl.sum(tl.sum(tl.where(dims[None, :, None] == dims[None, None, :], acc, 0.0), axis=2), axis=0)
+            g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
+                              channels, channel_ok, first, K, WINDOWED)  # fmt: skip
+            acc_first = _tap_product(v_t, g, acc_first, HALF_DOT, DOT_PRECISION)
+            if TAPS > 1:
+                g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
+                                  channels, channel_ok, first + 1, K, WINDOWED)  # fmt: skip
+                acc_second = _tap_product(v_t, g, acc_second, HALF_DOT, DOT_PRECISION)
+            if TAPS > 2:
+                g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
+                                  channels, channel_ok, first + 2, K, WINDOWED)  # fmt: skip
+                acc_third = _tap_product(v_t, g, acc_third, HALF_DOT, DOT_PRECISION)
     row = grads_ptr + p.to(tl.int64) * grads_width + H * D
-    tl.store(row + dims * (K * K) + tap, diagonal, mask=dims < D)
+    _store_tap(row, acc_first, first, D, D_PAD, K)
+    if TAPS > 1:
+        _store_tap(row, acc_second, first + 1, D, D_PAD, K)
+    if TAPS > 2:
+        _store_tap(row, acc_third, first + 2, D, D_PAD, K)
 
 
 @triton.jit

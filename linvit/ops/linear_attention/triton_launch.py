@@ -46,6 +46,7 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
 WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
+WEIGHT_PRODUCTS_BUDGET = 16384  # fp32 elements of the DWC weight gradient's per-tap products a program holds
 # fp32 elements of the per-program d × d states (heads × d²) that the backward kernels hold without spilling: 4 × 32²
 # at C = 128 is spill-free by the cost figure; 2 × 64² and more spill (query_grad's states and dS accumulators)
 STATE_BUDGET = 4 * 32 * 32
@@ -181,14 +182,21 @@ def _device_multiprocessors(device: torch.device) -> int:
     return _multiprocessors(device.index or 0) if device.type == "cuda" else 4
 
 
-def weight_items_per_program(items: int, taps: int, multiprocessors: int) -> int:
+def weight_items_per_program(items: int, tap_programs: int, multiprocessors: int) -> int:
     """Items (a chunk of a batch element: a run of tiles, or a window) per program of the DWC weight's gradient:
     one, unless one per program makes more than ~32 programs per SM (the many 49-token windows of a windowed map),
     where each program walks a run of items so that its fixed work (the diagonal and its store) is spread over them.
     Under the interpreter two (fixed; the tests' small maps then cover runs and a ragged last run)."""
     if interpreting():
         return 2
-    return max(1, items * taps // (WEIGHT_PROGRAMS_PER_SM * multiprocessors))
+    return max(1, items * tap_programs // (WEIGHT_PROGRAMS_PER_SM * multiprocessors))
+
+
+def weight_taps_per_program(heads_pad: int, head_dim_pad: int) -> int:
+    """Taps per program of the DWC weight's gradient (1 to 3): each holds an (H_PAD, D_PAD, D_PAD) fp32 product,
+    and they share the tiles of v; as many as fit WEIGHT_PRODUCTS_BUDGET fp32 elements (3 at 4×32, 2 at 2×64, 1 at
+    4×64: more spill)."""
+    return max(1, min(3, WEIGHT_PRODUCTS_BUDGET // (heads_pad * head_dim_pad * head_dim_pad)))
 
 
 def num_chunks(
@@ -542,14 +550,15 @@ def backward_plan(
         lambda block: (trips(block),),
     )
     items = batch * chunks
-    per_program = weight_items_per_program(
-        items, kernel_size * kernel_size, multiprocessors or _device_multiprocessors(qkv.device)
-    )
+    heads_pad = triton.next_power_of_2(num_heads)
+    taps = weight_taps_per_program(heads_pad, sizes["D_PAD"])
+    tap_programs = triton.cdiv(kernel_size * kernel_size, taps)
+    per_program = weight_items_per_program(items, tap_programs, multiprocessors or _device_multiprocessors(qkv.device))
     weight_programs = triton.cdiv(items, per_program)
     weight = Launch(
         "dwc_weight_grad",
         triton_backward.dwc_weight_grad_kernel,
-        (weight_programs, kernel_size * kernel_size),
+        (weight_programs, tap_programs),
         {
             **_walk(qkv, chunk, walked),
             "mask_ptr": _optional(mask, qkv),
@@ -566,9 +575,10 @@ def backward_plan(
         {
             "H": num_heads,
             "D": head_dim,
-            "H_PAD": triton.next_power_of_2(num_heads),
+            "H_PAD": heads_pad,
             **{key: sizes[key] for key in ("D_PAD", "DOT_PRECISION")},
             "K": kernel_size,
+            "TAPS": taps,
             "HAS_MASK": mask is not None,
             **walked.window_constants,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
