@@ -82,9 +82,9 @@ def query_grad_kernel(
         phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, False,
                                           TOKEN_NORMS), 0.0)  # fmt: skip
         num = tiles.head_product(phi.to(s.dtype), s, H_PAD, DOT_PRECISION)
-        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # as in the forward
-        dnum = g / den[:, :, None]
-        dden = -tl.sum(dnum * num, axis=2) / den
+        inv_den = 1.0 / (tl.sum(phi * z[:, None, :], axis=2) + eps)  # as in the forward; a division per token
+        dnum = g * inv_den[:, :, None]
+        dden = -tl.sum(dnum * num, axis=2) * inv_den
         dphi = tiles.head_product(dnum.to(s.dtype), s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
                                                 sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
