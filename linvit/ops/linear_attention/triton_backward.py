@@ -183,9 +183,10 @@ def _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h,
     """dL/dout at the tokens that tap ``tap`` of each token of a tile feeds ((H_PAD, BLOCK_N, D_PAD), zero where
     that is no token of the map, where the token itself is not kept, and everywhere for a tap beyond K·K: the last
     program's spare ones)."""
-    sources, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K)
-    places, real = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
-    ok = (source_ok & real & (tap < K * K))[None, :, None] & channel_ok
+    sources, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K,
+                                              top, left, map_h, map_w, WINDOWED)  # fmt: skip
+    places, _ = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
+    ok = (source_ok & (tap < K * K))[None, :, None] & channel_ok
     return tl.load(do_base + places[None, :, None] * do_stride_n + channels, mask=ok, other=0.0)
 
 

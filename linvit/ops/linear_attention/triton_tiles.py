@@ -394,14 +394,22 @@ def store_state(s_ptr, z_ptr, slot, s, z, head0, H: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
-def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx):
-    """Rows of the tokens at (y + dy, x + dx) of each token of a tile, and whether that is a token of the map."""
+def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx, top, left, map_h, map_w, WINDOWED: tl.constexpr):
+    """Rows of the tokens at (y + dy, x + dx) of each token of a tile (on its grid: the map, or with ``WINDOWED`` the
+    window at (top, left)), and whether that is a token of the map: on the grid and, for a window at the map's edge,
+    on the map (its padding holds none; scalar bounds, where a test of each place cost Triton 3.6 a select per
+    element)."""
     spatial = rows - prefix
     yy = spatial // grid_w
     xx = spatial - yy * grid_w
     ny = yy + dy
     nx = xx + dx
-    ok = row_ok & (spatial >= 0) & (ny >= 0) & (ny < grid_h) & (nx >= 0) & (nx < grid_w)
+    height = grid_h
+    width = grid_w
+    if WINDOWED:
+        height = tl.minimum(height, map_h - top)
+        width = tl.minimum(width, map_w - left)
+    ok = row_ok & (spatial >= 0) & (ny >= 0) & (ny < height) & (nx >= 0) & (nx < width)
     return prefix + ny * grid_w + nx, ok
 
 
@@ -462,10 +470,11 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         dx = tap % K - K // 2
         if TRANSPOSED:
             dy, dx = -dy, -dx
-        neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx)
+        neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx, top, left, map_h,
+                                                  map_w, WINDOWED)  # fmt: skip
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        places, real = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
-        value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & real & channel_ok, other=0.0)
+        places, _ = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
+        value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & channel_ok, other=0.0)
         if tap == (K * K) // 2:
             center = value
         if TENSOR_TAPS:
