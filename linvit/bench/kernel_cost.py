@@ -243,21 +243,26 @@ def resident_programs(registers: int, num_warps: int, shared_bytes: int) -> int:
     return max(0, min(by_registers, by_warps, by_shared, _PROGRAMS_PER_SM))
 
 
-def kernel_cost(
-    fn, args: dict, constants: dict, grid: tuple[int, ...], trips: tuple[float, ...], num_warps: int,
-    num_stages: int = 1, arch: int = 90,
-) -> KernelCost:  # fmt: skip
-    """Compile ``fn`` for ``arch`` as a launch with these arguments specializes it and count what it issues."""
+def compile_launch(fn, args: dict, constants: dict, num_warps: int, num_stages: int = 1, arch: int = 90):
+    """``fn`` compiled for ``arch`` (no GPU needed) as a launch with these arguments specializes it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature, constexprs, attrs = launch_signature(fn, args, constants)
-    compiled = triton.compile(
+    return triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
+
+
+def kernel_cost(
+    fn, args: dict, constants: dict, grid: tuple[int, ...], trips: tuple[float, ...], num_warps: int,
+    num_stages: int = 1, arch: int = 90,
+) -> KernelCost:  # fmt: skip
+    """Compile ``fn`` for ``arch`` as a launch with these arguments specializes it and count what it issues."""
+    compiled = compile_launch(fn, args, constants, num_warps, num_stages, arch)
     sass, usage = _disassemble(compiled.asm["cubin"])
     instructions, labels = parse_sass(sass)
     loops = find_loops(instructions, labels)

@@ -187,7 +187,7 @@ def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list
     return spills, too_large
 
 
-def summary(figure: dict, spills: dict[str, int], too_large: list[str] = ()) -> dict:
+def summary(figure: dict, spills: dict[str, int], too_large: list[str]) -> dict:
     """The headline numbers (the first shape is the benchmark shape)."""
     passes = figure["shapes"][0]["passes"]
     return {

@@ -20,14 +20,11 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from test_linear_attention import CASES, _cast, _inputs  # noqa: E402
 from test_linear_attention_cuda import DTYPE_CASES, MODEL_NAMES, _pinned_config  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import linvit.ops._backend as backend  # noqa: E402
-from linvit.bench.kernel_cost import SHARED_PER_PROGRAM, launch_signature  # noqa: E402
+from linvit.bench.kernel_cost import SHARED_PER_PROGRAM, compile_launch, launch_signature  # noqa: E402
 from linvit.ops import linear_attention_qkv  # noqa: E402
 from linvit.ops.linear_attention import triton as fused  # noqa: E402
 from linvit.ops.linear_attention import triton_launch  # noqa: E402
@@ -50,11 +47,7 @@ def compile_launches(launches: list[triton_launch.Launch]) -> None:
             continue
         where = f"{launch.name} {block}x{warps}x{stages} {sorted(constexprs.items(), key=repr)}"
         try:
-            kernel = triton.compile(
-                ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": warps, "num_stages": stages},
-            )
+            kernel = compile_launch(launch.kernel, args, constants, warps, stages)
         except Exception as error:  # noqa: BLE001 - every compile error is a finding
             compiled[key] = -1
             failures.append(f"{where}: {type(error).__name__}: {str(error)[-400:]}")

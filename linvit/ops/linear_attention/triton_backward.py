@@ -46,7 +46,7 @@ def query_grad_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
-    HAS_DWC: tl.constexpr, K: tl.constexpr,
+    HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
     group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr); the
@@ -61,7 +61,7 @@ def query_grad_kernel(
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
     if HAS_DWC:
-        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, False, tl.float32)  # for multiply-adds
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, TENSOR_TAPS, TAP_DTYPE)
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
@@ -114,7 +114,8 @@ def key_value_grad_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr, TENSOR_TAPS: tl.constexpr,
+    TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``).
@@ -166,7 +167,7 @@ def key_value_grad_kernel(
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv, own = tiles.depthwise_conv(
                 dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
-                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, False, tl.float32, True, WINDOWED,
+                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, True, WINDOWED,
             )  # fmt: skip
             acc_b += own.to(tl.float32)
         tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
@@ -185,7 +186,7 @@ def _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h,
     program's spare ones)."""
     sources, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K,
                                               top, left, map_h, map_w, WINDOWED)  # fmt: skip
-    places, _ = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)
+    places, _ = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)  # on the map: source_ok
     ok = (source_ok & (tap < K * K))[None, :, None] & channel_ok
     return tl.load(do_base + places[None, :, None] * do_stride_n + channels, mask=ok, other=0.0)
 
@@ -225,7 +226,7 @@ def dwc_weight_grad_kernel(
     p·items_per_program … of program p = ``program_id(0)``: Σ_n v[n] · dL/dout[n - offset(tap)] per channel of a
     head, summed over the heads (v zero at masked and class tokens). The taps share each tile of v and its rows'
     coordinates (loaded and divided once per tap, one tap a program issued 291 warp-instructions per token at 4×32;
-    three, 201). Walking several items (the many small windows of a windowed map) keeps the per-program work (the
+    three, 202). Walking several items (the many small windows of a windowed map) keeps the per-program work (the
     diagonals and their stores) off the tokens."""
     p = tl.program_id(0)
     first = TAPS * tl.program_id(1)

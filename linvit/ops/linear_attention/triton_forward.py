@@ -41,7 +41,7 @@ def state_kernel(
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
-    program also copies the DWC weight tap-major for the output kernel."""
+    program also copies the DWC weight in the form the output kernel's taps multiply."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0

@@ -149,6 +149,9 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
     }
 
 
+MULTIPLY_ADD_TAPS = {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}  # the DWC's taps as fp32 multiply-adds
+
+
 def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
     """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds: with tensor-core taps
     key_value_grad issues more, 701 against 631 per token at 4×32 by the cost figure): 16-bit inputs with
@@ -160,7 +163,7 @@ def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
     interpreter takes the tensor-core path in fp32 (numpy has no bf16 product): the same addressing and sums, the
     weights unrounded."""
     if dtype not in (torch.float16, torch.bfloat16) or head_dim_pad > 32:
-        return {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}
+        return MULTIPLY_ADD_TAPS
     return {
         "TENSOR_TAPS": True,
         "TAP_DTYPE": tl.float32 if interpreting() else tl.float16 if dtype == torch.float16 else tl.bfloat16,
@@ -255,13 +258,14 @@ def token_norms_shape(images: int, map_tokens: int, channels: int, options: Kern
     return (images, map_tokens, NORMS_PER_TOKEN.value) if grouped and options.feature_map == FOCUSED else (0,)
 
 
-def _tap_major(dwc_weight: Tensor | None, qkv: Tensor, products: dict | None = None, head_dim_pad: int = 0) -> Tensor:
-    """The buffer of the DWC weight's copy that a plan's first kernel writes (`triton_tiles.copy_taps_major`): for
-    multiply-adds tap-major (K·K, D) in the weight's dtype; for tensor-core taps (``products``: :func:`tap_products`)
-    each tap's (D_PAD, D_PAD) diagonal matrix in the taps' dtype; without a DWC a placeholder."""
+def _tap_buffer(dwc_weight: Tensor | None, qkv: Tensor, products: dict, head_dim_pad: int) -> Tensor:
+    """The buffer of the DWC weight's copy that a plan's first kernel writes (`triton_tiles.copy_taps_major`) in the
+    form its taps multiply (``products``: :func:`tap_products`): for multiply-adds tap-major (K·K, D) in the weight's
+    dtype, for tensor-core taps each tap's (D_PAD, D_PAD) diagonal matrix in the taps' dtype; without a DWC a
+    placeholder."""
     if dwc_weight is None:
         return qkv
-    if products is None or not products["TENSOR_TAPS"]:
+    if not products["TENSOR_TAPS"]:
         return torch.empty(dwc_weight.numel(), device=qkv.device, dtype=dwc_weight.dtype)
     dtype = {tl.float32: torch.float32, tl.float16: torch.float16, tl.bfloat16: torch.bfloat16}[products["TAP_DTYPE"]]
     return torch.empty(dwc_weight.shape[-1] ** 2 * head_dim_pad**2, device=qkv.device, dtype=dtype)
@@ -302,7 +306,7 @@ def forward_plan(
     norms = torch.empty(token_norms_shape(images, map_tokens, channels, options), **floats)
     token_norms = norms.numel() > 0
     dwc = {**_dwc_constants(dwc_weight), **tap_products(qkv.dtype, sizes["D_PAD"])}
-    taps = _tap_major(dwc_weight, qkv, dwc, sizes["D_PAD"])
+    taps = _tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
              **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
@@ -453,8 +457,8 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    dwc = _dwc_constants(dwc_weight)
-    taps = _tap_major(dwc_weight, qkv)  # the transposed conv takes multiply-adds
+    dwc = {**_dwc_constants(dwc_weight), **MULTIPLY_ADD_TAPS}  # the transposed conv (tensor-core taps issue more)
+    taps = _tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
     common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
     group_args = {
         "norms_ptr": norms if token_norms else qkv,

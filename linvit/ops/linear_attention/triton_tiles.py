@@ -439,9 +439,10 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
                    map_w, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr,
                    TAP_DTYPE: tl.constexpr, TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
-    """``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads, tap-major at ``taps_ptr``:
-    :func:`copy_taps_major`) of the (B, N, ·) values at
-    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32; with
+    """(``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads, at ``taps_ptr`` in the form
+    :func:`copy_taps_major` writes for ``TENSOR_TAPS``) of the (B, N, ·) values at
+    ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32, and the
+    centre tap's gathered values: the tile's own, zero where a tap counts as zero); with
     ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
     (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the
     grid is the window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
@@ -473,7 +474,7 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx, top, left, map_h,
                                                   map_w, WINDOWED)  # fmt: skip
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        places, _ = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)
+        places, _ = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)  # on the map: neighbour_ok
         value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & channel_ok, other=0.0)
         if tap == (K * K) // 2:
             center = value
