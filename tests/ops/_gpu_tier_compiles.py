@@ -20,8 +20,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from test_linear_attention import CASES, _cast, _inputs  # noqa: E402
-from test_linear_attention_cuda import DTYPE_CASES, MODEL_NAMES, _pinned_config  # noqa: E402
+from test_linear_attention import CASES, _cast, _inputs, off_a_word  # noqa: E402
+from test_linear_attention_cuda import DTYPE_CASES, MODEL_NAMES, OFF_A_WORD_CASE, _pinned_config  # noqa: E402
 
 import linvit.ops._backend as backend  # noqa: E402
 from linvit.bench.kernel_cost import SHARED_PER_PROGRAM, compile_launch, launch_signature  # noqa: E402
@@ -61,10 +61,13 @@ backend.triton_available = lambda device: True
 triton_launch._device_multiprocessors = lambda device: 132
 fused._run = compile_launches
 
-for name, dtype in DTYPE_CASES:
+# the small cases of test_compiled_kernels_equal_naive, and its bf16 case off a word
+SMALL_CASES = [(name, dtype, False) for name, dtype in DTYPE_CASES] + [(OFF_A_WORD_CASE, torch.bfloat16, True)]
+for name, dtype, shift in SMALL_CASES:
     qkv, kwargs = _inputs(CASES[name], batch=3)
     qkv, kwargs = _cast(qkv, kwargs, dtype, torch.device("cpu"))
-    pinned.append(_pinned_config(f"{name}-{dtype}"))
+    qkv = off_a_word(qkv) if shift else qkv
+    pinned.append(_pinned_config("off-a-word" if shift else f"{name}-{dtype}"))
     leaves = [qkv] + [value for value in kwargs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
     out = linear_attention_qkv(qkv, backend="triton", **kwargs)
     torch.autograd.grad(out, leaves, torch.ones_like(out))

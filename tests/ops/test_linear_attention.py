@@ -166,14 +166,63 @@ def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(nam
     assert tap_products(torch.bfloat16, 32)["TENSOR_TAPS"] and not tap_products(torch.float32, 32)["TENSOR_TAPS"]
     assert not tap_products(torch.bfloat16, 64)["TENSOR_TAPS"]  # multiply-adds issue less from head_dim 64 on
     qkv, kwargs = _inputs(CASES[name])
-    qkv_half, kwargs_half = _cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE)
-    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, generator=torch.Generator().manual_seed(2))
+    _assert_bf16_triton_matches_naive(*_cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE), seed=2)
+
+
+def off_a_word(qkv: torch.Tensor) -> torch.Tensor:
+    """The same 16-bit values one element into a storage of their own, a leaf that requires grad: rows no longer
+    start at whole 32-bit words, so the DWC reads them by values, not in pairs (`triton_launch.bf16_pairs`)."""
+    storage = torch.zeros(qkv.numel() + 1, dtype=qkv.dtype, device=qkv.device)
+    shifted = storage[1:].view(qkv.shape)
+    shifted.copy_(qkv.detach())
+    return shifted.requires_grad_(True)
+
+
+def _assert_bf16_triton_matches_naive(qkv_half, kwargs_half, seed):
+    """The Triton op on bf16 leaves equals the naive reference on the same rounded values in float32, in value
+    (1e-2) and every gradient (3e-2)."""
+    generator = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(qkv_half.shape[0], qkv_half.shape[1], qkv_half.shape[2] // 3, generator=generator)
     out, grads = _run("triton", qkv_half, kwargs_half, grad_out.to(TRITON_DEVICE, torch.bfloat16))
     qkv_float, kwargs_float = _cast(qkv_half, kwargs_half, torch.float32, torch.device("cpu"))
     expected, expected_grads = _run("naive", qkv_float, kwargs_float, grad_out)
     _assert_close(out.float().cpu(), expected, 1e-2)
     for got, want in zip(grads, expected_grads):
         _assert_close(got.float().cpu(), want, 3e-2)
+
+
+def test_bf16_pairs_only_where_the_values_lie_in_whole_words_on_a_whole_map():
+    """The DWC's multiply-adds read bf16 values as 32-bit pairs of channels only for an even head_dim, rows and images
+    at whole words, no window, and multiply-adds (not tensor-core taps)."""
+    from linvit.ops.linear_attention.triton_launch import MULTIPLY_ADD_TAPS, bf16_pairs, tap_products
+
+    values = torch.zeros(2, 6, 3 * 128, dtype=torch.bfloat16)
+    assert bf16_pairs(values, 64, MULTIPLY_ADD_TAPS, windowed=False) == {"BF16_PAIRS": True}
+    refused = [
+        (values.float(), 64, MULTIPLY_ADD_TAPS, False),
+        (values.half(), 64, MULTIPLY_ADD_TAPS, False),
+        (values, 63, MULTIPLY_ADD_TAPS, False),
+        (off_a_word(values), 64, MULTIPLY_ADD_TAPS, False),
+        (torch.zeros(2, 6, 385, dtype=torch.bfloat16)[..., :384], 64, MULTIPLY_ADD_TAPS, False),
+        (values, 64, MULTIPLY_ADD_TAPS, True),
+        (values, 32, tap_products(torch.bfloat16, 32), False),
+    ]
+    for tensor, head_dim, products, windowed in refused:
+        assert bf16_pairs(tensor, head_dim, products, windowed) == {"BF16_PAIRS": False}
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["whole_words", "off_a_word"])
+def test_triton_bf16_head_dim_64_multiply_adds_in_pairs_or_not(layout):
+    """bf16 at head_dim 64: the forward's DWC multiply-adds too (tensor-core taps stop at 32), reading v in 32-bit
+    pairs where q|k|v starts at a whole word and by bf16 values where it does not (a view one element into its
+    storage), and the backward's transposed conv in pairs; value and every gradient against the naive reference."""
+    qkv, kwargs = _inputs(CASES["focused_head_dim_64"])
+    qkv_half, kwargs_half = _cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE)
+    if layout == "off_a_word":
+        qkv_half = off_a_word(qkv_half)
+        assert qkv_half.data_ptr() % 4 != 0
+    _assert_bf16_triton_matches_naive(qkv_half, kwargs_half, seed=3)
 
 
 def test_the_weight_gradient_shares_each_tile_of_v_between_taps_while_their_products_fit():

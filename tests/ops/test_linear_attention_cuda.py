@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 import torch
-from test_linear_attention import CASES, _assert_close, _cast, _inputs, _run
+from test_linear_attention import CASES, _assert_close, _cast, _inputs, _run, off_a_word
 
 pytestmark = [
     pytest.mark.cuda,
@@ -33,14 +33,20 @@ def _pinned_config(label: str) -> tuple[int, int, int]:
     return TILE_CONFIGS[zlib.crc32(label.encode()) % len(TILE_CONFIGS)]
 
 
-def _compiled_agrees(reference: str, qkv, kwargs, dtype, pin: str | None = None) -> None:
+OFF_A_WORD_CASE = "focused_head_dim_64"  # bf16 at head_dim 64: the forward's DWC multiply-adds too
+
+
+def _compiled_agrees(reference: str, qkv, kwargs, dtype, pin: str | None = None, shift: bool = False) -> None:
     """The Triton backend on the GPU in ``dtype`` against ``reference`` on the CPU, in value and every gradient;
-    with ``pin`` in the tile configuration :func:`_pinned_config` gives that label, else autotuned."""
+    with ``pin`` in the tile configuration :func:`_pinned_config` gives that label, else autotuned; with ``shift``
+    q|k|v :func:`off_a_word`."""
     from linvit.ops.linear_attention.triton import pinned_tiles
 
     grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=qkv.dtype)
     expected, expected_grads = _run(reference, qkv, kwargs, grad_out)
     qkv_gpu, kwargs_gpu = _cast(qkv, kwargs, dtype, torch.device("cuda"))
+    if shift:
+        qkv_gpu = off_a_word(qkv_gpu)
     with pinned_tiles(_pinned_config(pin)) if pin else contextlib.nullcontext():
         out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
     value_tolerance, grad_tolerance = TOLERANCES[dtype]
@@ -61,6 +67,13 @@ DTYPE_CASES = [(name, torch.bfloat16) for name in sorted(CASES)] + [
 def test_compiled_kernels_equal_naive(name, dtype):
     qkv, kwargs = _inputs(CASES[name], batch=3)
     _compiled_agrees("naive", qkv, kwargs, dtype, pin=f"{name}-{dtype}")
+
+
+def test_compiled_bf16_values_off_a_word_are_read_without_pairs():
+    """bf16 q|k|v whose rows do not start at whole 32-bit words (a paired read of v there would be misaligned): the
+    forward's DWC reads v by values, the backward's reads dL/dout (a fresh tensor) in pairs."""
+    qkv, kwargs = _inputs(CASES[OFF_A_WORD_CASE], batch=3)
+    _compiled_agrees("naive", qkv, kwargs, torch.bfloat16, pin="off-a-word", shift=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -115,7 +115,7 @@ def key_value_grad_kernel(
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``).
@@ -167,7 +167,8 @@ def key_value_grad_kernel(
             # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
             dv, own = tiles.depthwise_conv(
                 dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
-                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, True, WINDOWED,
+                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, True,
+                WINDOWED,
             )  # fmt: skip
             acc_b += own.to(tl.float32)
         tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
@@ -179,16 +180,18 @@ def key_value_grad_kernel(
 
 
 @triton.jit
-def _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n, channels,
+def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch, do_stride_n,
                   channel_ok, tap, K: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """dL/dout at the tokens that tap ``tap`` of each token of a tile feeds ((H_PAD, BLOCK_N, D_PAD), zero where
     that is no token of the map, where the token itself is not kept, and everywhere for a tap beyond K·K: the last
-    program's spare ones)."""
-    sources, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, K // 2 - tap // K, K // 2 - tap % K,
-                                              top, left, map_h, map_w, WINDOWED)  # fmt: skip
-    places, _ = tiles.token_places(sources, top, left, grid_w, map_h, map_w, WINDOWED)  # on the map: source_ok
+    program's spare ones), at a scalar offset from ``do_tile``, the tile's own places (as in
+    `triton_tiles.depthwise_conv`)."""
+    dy = K // 2 - tap // K
+    dx = K // 2 - tap % K
+    _, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, dy, dx, top, left, map_h, map_w,
+                                        WINDOWED)  # fmt: skip
     ok = (source_ok & (tap < K * K))[None, :, None] & channel_ok
-    return tl.load(do_base + places[None, :, None] * do_stride_n + channels, mask=ok, other=0.0)
+    return tl.load(do_tile + (dy * pitch + dx) * do_stride_n, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -233,6 +236,7 @@ def dwc_weight_grad_kernel(
     chunks = tl.cdiv(N, chunk)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
+    pitch = map_w if WINDOWED else grid_w  # a place's neighbour at (dy, dx) is dy · pitch + dx places on
     channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
     # v is loaded as (H_PAD, D_PAD, BLOCK_N), the product's left operand as it is: a permuted tile goes through
     # shared memory in 16-byte pieces with two barriers each under Triton 3.6 (623 -> 513 warp-instructions/token)
@@ -255,16 +259,17 @@ def dwc_weight_grad_kernel(
             keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
             v_t = tl.load(v_base + places[None, None, :] * stride_n + columns, mask=keep[None, None, :] & column_ok,
                           other=0.0)  # fmt: skip
-            g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                              channels, channel_ok, first, K, WINDOWED)  # fmt: skip
+            do_tile = do_base + places[None, :, None] * do_stride_n + channels
+            g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch, do_stride_n,
+                              channel_ok, first, K, WINDOWED)  # fmt: skip
             acc_first = _tap_product(v_t, g, acc_first, HALF_DOT, DOT_PRECISION)
             if TAPS > 1:
-                g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                                  channels, channel_ok, first + 1, K, WINDOWED)  # fmt: skip
+                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch,
+                                  do_stride_n, channel_ok, first + 1, K, WINDOWED)  # fmt: skip
                 acc_second = _tap_product(v_t, g, acc_second, HALF_DOT, DOT_PRECISION)
             if TAPS > 2:
-                g = _shifted_grad(do_base, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                                  channels, channel_ok, first + 2, K, WINDOWED)  # fmt: skip
+                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch,
+                                  do_stride_n, channel_ok, first + 2, K, WINDOWED)  # fmt: skip
                 acc_third = _tap_product(v_t, g, acc_third, HALF_DOT, DOT_PRECISION)
     row = grads_ptr + p.to(tl.int64) * grads_width + H * D
     _store_tap(row, acc_first, first, D, D_PAD, K)

@@ -89,7 +89,8 @@ def output_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-    TAP_DTYPE: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
+    TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    TOKEN_NORMS: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
     group's heads)."""
@@ -125,7 +126,8 @@ def output_kernel(
         if HAS_DWC:
             out, _ = tiles.depthwise_conv(
                 out, v_base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
-                head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, False, WINDOWED,
+                head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, False,
+                WINDOWED,
             )  # fmt: skip
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)

@@ -170,6 +170,20 @@ def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
     }
 
 
+def bf16_pairs(values: Tensor, head_dim: int, products: dict, windowed: bool) -> dict:
+    """BF16_PAIRS of a kernel whose DWC multiplies ``values`` (`triton_tiles.depthwise_conv`): whether its
+    multiply-adds read them two channels at a time as 32-bit words, each half widened by one shift or mask (Triton's
+    bf16 conversion takes 1.5 instructions an element under 3.6). By the cost figure key_value_grad went from 624 to
+    576 warp-instructions per token at 4×32 on Triton 3.8 (825 to 777 on 3.6), and the output kernel at 2×64 on a
+    128² map from 495 to 445. For bf16 values of an even head_dim whose rows and images start at whole words, on whole
+    maps: in windows the per-window origin (divisions of the program index) holds vector registers, and there the
+    pairs spilled under Triton 3.6 (16 B or more in every configuration of key_value_grad at FLatten-Swin-T's stage 1).
+    """
+    words = values.data_ptr() % 4 == 0 and values.stride(0) % 2 == 0 and values.stride(1) % 2 == 0
+    paired = values.dtype == torch.bfloat16 and head_dim % 2 == 0 and words
+    return {"BF16_PAIRS": paired and not products["TENSOR_TAPS"] and not windowed}
+
+
 @functools.cache
 def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -362,6 +376,7 @@ def forward_plan(
             **output_sizes,
             **flags,
             **dwc,
+            **bf16_pairs(qkv, head_dim, dwc, walked.windowed),
             "HAS_BIAS": dwc_bias is not None,
         },
         lambda block: (chunks, trips(block)),
@@ -523,6 +538,7 @@ def backward_plan(
             **sizes,
             **common,
             **dwc,
+            **bf16_pairs(grad_out, head_dim, dwc, walked.windowed),
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
         },

@@ -435,24 +435,36 @@ def copy_taps_major(w_ptr, taps_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl
 
 
 @triton.jit
+def widen_pairs(words):
+    """(even, odd) channels in fp32 of bf16 values read in pairs as 32-bit words (the even one in the low half): a
+    bf16 is the upper half of the fp32 of the same value, so each widens with one shift or mask, where Triton's
+    conversion of a bf16 tile moves the upper half down before shifting it (1.5 instructions per element)."""
+    return (words << 16).to(tl.float32, bitcast=True), (words & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h,
                    map_w, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr,
-                   TAP_DTYPE: tl.constexpr, TRANSPOSED: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+                   TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, TRANSPOSED: tl.constexpr,
+                   WINDOWED: tl.constexpr):  # fmt: skip
     """(``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads, at ``taps_ptr`` in the form
     :func:`copy_taps_major` writes for ``TENSOR_TAPS``) of the (B, N, ·) values at
     ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32, and the
     centre tap's gathered values: the tile's own, zero where a tap counts as zero); with
     ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
-    (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels. With ``WINDOWED`` the
-    grid is the window at (top, left) of the map (see :func:`token_places`), whose padding holds zeros too.
+    (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels, at a fixed offset from
+    the tile's own places (a scalar per tap: per-element addresses per tap were hoisted out of the tile loop and
+    spilled). With ``WINDOWED`` the grid is the window at (top, left) of the map (see :func:`token_places`), whose
+    padding holds zeros too.
 
     ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head
     as one (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
     fp32 accumulation. The products are D_PAD× what the conv needs (32× at head_dim 32), but the tensor cores take them
     at a few instructions per tap and token, where multiply-adds on the CUDA cores take a conversion and an FMA per
     element (about 200 warp-instructions per token at C = 128, most of the forward's cost). Otherwise fp32
-    multiply-adds."""
+    multiply-adds, with ``BF16_PAIRS`` (bf16 values of an even head_dim whose rows start at whole 32-bit words) on
+    the values read two channels at a time (:func:`widen_pairs`), even and odd channels accumulated apart."""
     if TENSOR_TAPS:
         flat = tl.arange(0, H_PAD * BLOCK_N)
         rows = (row0 + flat % BLOCK_N)[:, None]  # flat row h·BLOCK_N + i: token i of the tile in head h
@@ -466,6 +478,21 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         channels, channel_ok = tile_channels(head0, H, D, H_PAD, D_PAD)
         dims = tl.arange(0, D_PAD)[None, None, :]
         conv = acc
+    own, _ = token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
+    if BF16_PAIRS:  # a tile of words: channels 2j and 2j + 1 of each head
+        pair_heads = head0 + tl.arange(0, H_PAD)[:, None, None]
+        pairs = tl.arange(0, D_PAD // 2)[None, None, :]
+        step = stride_n // 2
+        tile = base.to(tl.pointer_type(tl.int32)) + own * step + pair_heads * (D // 2) + pairs
+        tile_ok = (pair_heads < H) & (pairs < D // 2)
+        halves = tl.split(tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD // 2, 2)))
+        even = halves[0]
+        odd = halves[1]
+    else:
+        step = stride_n
+        tile = base + own * step + channels
+        tile_ok = channel_ok
+    pitch = map_w if WINDOWED else grid_w  # a place's neighbour at (dy, dx) is dy · pitch + dx places on
     for tap in tl.static_range(K * K):
         dy = tap // K - K // 2
         dx = tap % K - K // 2
@@ -474,16 +501,25 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx, top, left, map_h,
                                                   map_w, WINDOWED)  # fmt: skip
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        places, _ = token_places(neighbours, top, left, grid_w, map_h, map_w, WINDOWED)  # on the map: neighbour_ok
-        value = tl.load(base + places * stride_n + channels, mask=neighbour_ok & channel_ok, other=0.0)
+        value = tl.load(tile + (dy * pitch + dx) * step, mask=neighbour_ok & tile_ok, other=0)
         if tap == (K * K) // 2:
             center = value
         if TENSOR_TAPS:
             square = tl.arange(0, D_PAD)[:, None] * D_PAD + dims
             conv = tl.dot(value.to(TAP_DTYPE), tl.load(taps_ptr + tap * (D_PAD * D_PAD) + square), conv)
         else:
-            weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0)
-            conv = tl.fma(value.to(tl.float32), weight.to(tl.float32), conv)
+            weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0).to(tl.float32)
+            if BF16_PAIRS:
+                weights = tl.split(tl.reshape(weight, (1, 1, D_PAD // 2, 2)))
+                low, high = widen_pairs(value)
+                even = tl.fma(low, weights[0], even)
+                odd = tl.fma(high, weights[1], odd)
+            else:
+                conv = tl.fma(value.to(tl.float32), weight, conv)
+    if BF16_PAIRS:
+        conv = tl.reshape(tl.join(even, odd), (H_PAD, BLOCK_N, D_PAD))
+        low, high = widen_pairs(center)
+        center = tl.reshape(tl.join(low, high), (H_PAD, BLOCK_N, D_PAD))
     if TENSOR_TAPS:
         conv = acc + tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
         center = tl.reshape(center, (H_PAD, BLOCK_N, D_PAD))
