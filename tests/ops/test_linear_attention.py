@@ -7,6 +7,7 @@ TRITON_INTERPRET=1 there), so their correctness never depends on having a GPU; s
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import pytest
 import torch
@@ -209,6 +210,21 @@ def test_bf16_pairs_only_where_the_values_lie_in_whole_words_on_a_whole_map():
     ]
     for tensor, head_dim, products, windowed in refused:
         assert bf16_pairs(tensor, head_dim, products, windowed) == {"BF16_PAIRS": False}
+
+
+def test_bf16_pairs_of_fake_tensors_read_no_address():
+    """As torch.compile traces the Triton op its tensors are fake, without an address (reading one warns and gives
+    0): the pairs are decided from the storage offset and the strides alone."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from linvit.ops.linear_attention.triton_launch import MULTIPLY_ADD_TAPS, bf16_pairs
+
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = torch.empty(2, 6, 384, dtype=torch.bfloat16)
+        assert bf16_pairs(values, 64, MULTIPLY_ADD_TAPS, windowed=False) == {"BF16_PAIRS": True}
+        shifted = torch.empty(2 * 6 * 384 + 1, dtype=torch.bfloat16)[1:].view(2, 6, 384)
+        assert bf16_pairs(shifted, 64, MULTIPLY_ADD_TAPS, windowed=False) == {"BF16_PAIRS": False}
 
 
 @needs_triton

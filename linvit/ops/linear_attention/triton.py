@@ -6,8 +6,9 @@ focused map's per-token norms (else an empty tensor); the backward op
 (``torch.ops.linvit.linear_attention_qkv_backward``) recomputes the feature maps from q|k|v and returns dL/dqkv and
 the small gradients (inverse temperature, DWC weight and bias) as one fp32 vector. They are Triton ops
 (``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
-The launches (grids, chunking, autotune space) are planned in `triton_launch.py`; the kernels are described in
-`triton_forward.py` and `triton_backward.py`.
+The launches (grids, chunking, autotune space) are planned in `triton_launch.py`, a new shape's tile configurations
+compiled in parallel before autotuning by `triton_precompile.py`; the kernels are described in `triton_forward.py`
+and `triton_backward.py`.
 
 Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (the halo from cache,
 4C B), and writes the output (2C B); backward reads q and dL/dout (4C B), k|v and dL/dout with its DWC taps (6C B),
@@ -22,7 +23,7 @@ import triton
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_launch
+from linvit.ops.linear_attention import triton_launch, triton_precompile
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
 from linvit.ops.linear_attention.triton_launch import KernelOptions
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
@@ -132,7 +133,14 @@ def _tuned(launch: triton_launch.Launch):
     return _tuned_kernels[launch.name]
 
 
+def _bucket(launch: triton_launch.Launch) -> int:
+    return triton.next_power_of_2(int(launch.args["N"]))
+
+
 def _run(launches: list[triton_launch.Launch]) -> None:
+    if not _pinned and not interpreting():
+        tuned = [launch for launch in launches if launch.tuned]
+        triton_precompile.precompile(tuned, [_bucket(launch) for launch in tuned])
     for launch in launches:
         if not launch.tuned:
             _launch(launch.kernel)[launch.grid](**launch.args, **launch.constants, num_warps=launch.num_warps)
@@ -145,8 +153,7 @@ def _run(launches: list[triton_launch.Launch]) -> None:
             block = triton_launch.chunk_granularity()
             launch.kernel[launch.grid](**launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block)
         else:
-            bucket = triton.next_power_of_2(int(launch.args["N"]))
-            _launch(_tuned(launch))[launch.grid](**launch.args, **launch.constants, N_BUCKET=bucket)
+            _launch(_tuned(launch))[launch.grid](**launch.args, **launch.constants, N_BUCKET=_bucket(launch))
 
 
 def _mask_bytes(key_mask: Tensor | None) -> Tensor | None:

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch._guards import detect_fake_mode
 
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_backward, triton_forward
@@ -179,9 +180,17 @@ def bf16_pairs(values: Tensor, head_dim: int, products: dict, windowed: bool) ->
     maps: in windows the per-window origin (divisions of the program index) holds vector registers, and there the
     pairs spilled under Triton 3.6 (16 B or more in every configuration of key_value_grad at FLatten-Swin-T's stage 1).
     """
-    words = values.data_ptr() % 4 == 0 and values.stride(0) % 2 == 0 and values.stride(1) % 2 == 0
-    paired = values.dtype == torch.bfloat16 and head_dim % 2 == 0 and words
+    paired = values.dtype == torch.bfloat16 and head_dim % 2 == 0 and _whole_words(values)
     return {"BF16_PAIRS": paired and not products["TENSOR_TAPS"] and not windowed}
+
+
+def _whole_words(values: Tensor) -> bool:
+    """Whether the rows and images of 16-bit ``values`` start at whole 32-bit words: even strides and an even offset
+    into their storage, and for a real tensor an address that is a multiple of 4 (a fake tensor, as torch.compile
+    traces the op, has no address: its storage starts where an allocation does, aligned)."""
+    strides = values.stride(0) % 2 == 0 and values.stride(1) % 2 == 0
+    address = detect_fake_mode((values,)) is not None or values.data_ptr() % 4 == 0
+    return strides and values.storage_offset() % 2 == 0 and address
 
 
 @functools.cache
