@@ -485,9 +485,7 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         step = stride_n // 2
         tile = base.to(tl.pointer_type(tl.int32)) + own * step + pair_heads * (D // 2) + pairs
         tile_ok = (pair_heads < H) & (pairs < D // 2)
-        halves = tl.split(tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD // 2, 2)))
-        even = halves[0]
-        odd = halves[1]
+        even, odd = tl.split(tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD // 2, 2)))
     else:
         step = stride_n
         tile = base + own * step + channels
@@ -510,10 +508,10 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         else:
             weight = tl.load(taps_ptr + tap * D + dims, mask=dims < D, other=0.0).to(tl.float32)
             if BF16_PAIRS:
-                weights = tl.split(tl.reshape(weight, (1, 1, D_PAD // 2, 2)))
+                weight_even, weight_odd = tl.split(tl.reshape(weight, (1, 1, D_PAD // 2, 2)))
                 low, high = widen_pairs(value)
-                even = tl.fma(low, weights[0], even)
-                odd = tl.fma(high, weights[1], odd)
+                even = tl.fma(low, weight_even, even)
+                odd = tl.fma(high, weight_odd, odd)
             else:
                 conv = tl.fma(value.to(tl.float32), weight, conv)
     if BF16_PAIRS:
