@@ -117,14 +117,14 @@ def _configs(launch: triton_launch.Launch) -> list[tuple[int, int, int]]:
     return list(triton_launch.TILE_CONFIGS) if launch.tuned else [(0, launch.num_warps, 1)]
 
 
-def launch_costs(launch: triton_launch.Launch, tokens: int, arch: int) -> list[tuple[tuple[int, int, int], KernelCost]]:
+def launch_costs(launch: triton_launch.Launch, arch: int) -> list[tuple[tuple[int, int, int], KernelCost]]:
     """(config, cost) of a launch for every configuration of its autotune space."""
     results = []
     for block, warps, stages in _configs(launch):
         constants, args = dict(launch.constants), dict(launch.args)
         if launch.tuned:
             constants["BLOCK_N"] = block
-            args["N_BUCKET"] = 1 << max(int(launch.args.get("N", tokens)) - 1, 0).bit_length()
+            args["N_BUCKET"] = triton_launch.n_bucket(launch)
         cost = kernel_cost(launch.kernel, args, constants, launch.grid, launch.loops(block), warps, stages, arch)
         results.append(((block, warps, stages), cost))
     return results
@@ -139,7 +139,7 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
         for pass_name, launches in zip(("forward", "backward"), plans(shape)):
             total = 0.0
             for launch in launches:
-                costs = launch_costs(launch, shape.tokens, arch)
+                costs = launch_costs(launch, arch)
                 figure["unlaunchable"] += unlaunchable(f"{shape.name}: {launch.name}", costs)
                 config, cost = best(costs)
                 total += cost.instructions
@@ -180,7 +180,7 @@ def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list
         worst = 0
         for launches in plans(shape):
             for launch in launches:
-                costs = launch_costs(launch, shape.tokens, arch)
+                costs = launch_costs(launch, arch)
                 too_large += unlaunchable(f"{shape.name}: {launch.name}", costs)
                 worst = max(worst, best(costs)[1].spill_bytes)
         spills[f"{heads}x{head_dim}"] = worst
@@ -268,7 +268,7 @@ def _resource_table(args) -> int:
                 shape = Shape("", 2, heads, head_dim, (64, 64), args.dtype, feature_map=feature_map)
                 for launches in plans(shape):
                     for launch in launches:
-                        for config, usage in launch_costs(launch, shape.tokens, args.arch):
+                        for config, usage in launch_costs(launch, args.arch):
                             spills += usage.spill_bytes > 0
                             print(
                                 f"| {feature_map} | {heads} × {head_dim} | {launch.name} | "

@@ -24,10 +24,10 @@ class _Kernel:
         self.calls.append((grid, kwargs["N_BUCKET"], kwargs["BLOCK_N"], kwargs["num_warps"], kwargs["num_stages"]))
 
 
-def _launch(kernel, name="output", tokens=4096, dtype=torch.bfloat16, tuned=True, device=None):
+def _launch(kernel, name="output", tokens=4096, dtype=torch.bfloat16, tuned=True):
     from linvit.ops.linear_attention.triton_launch import Launch
 
-    qkv = torch.zeros(2, tokens, 24, dtype=dtype, device=device)
+    qkv = torch.zeros(2, tokens, 24, dtype=dtype)
     return Launch(name, kernel, (2, 3, 1), {"qkv_ptr": qkv, "N": tokens}, {"H": 2, "D": 4, "MAP": 0}, lambda _: (),
                   tuned=tuned)  # fmt: skip
 
@@ -47,19 +47,19 @@ def test_every_tile_configuration_of_a_new_key_is_warmed_once(precompile):
 
     tuned, untuned = _Kernel(), _Kernel()
     launches = [_launch(tuned), _launch(untuned, name="sum_grads", tuned=False)]
-    precompile(launches, [4096, 4096])
+    precompile(launches)
     assert sorted(call[2:] for call in tuned.calls) == sorted(TILE_CONFIGS)
     assert all(call[:2] == ((2, 3, 1), 4096) for call in tuned.calls) and untuned.calls == []
-    precompile(launches, [4096, 4096])  # the same key: compiled already
+    precompile(launches)  # the same key: compiled already
     assert len(tuned.calls) == len(TILE_CONFIGS)
-    precompile([_launch(tuned, tokens=8192)], [8192])  # another N bucket: another key
-    precompile([_launch(tuned, dtype=torch.float16)], [4096])  # another dtype: another key
+    precompile([_launch(tuned, tokens=8192)])  # another N bucket: another key
+    precompile([_launch(tuned, dtype=torch.float16)])  # another dtype: another key
     assert len(tuned.calls) == 3 * len(TILE_CONFIGS)
 
 
 def test_a_failed_warm_up_warns_and_leaves_it_to_the_autotuner(precompile):
     with pytest.warns(RuntimeWarning, match="one after another"):
-        precompile([_launch(_Kernel(error=RuntimeError("no driver")))], [4096])
+        precompile([_launch(_Kernel(error=RuntimeError("no driver")))])
 
 
 def test_fake_tensors_are_left_to_the_compiler_that_traces_them(precompile):
@@ -68,5 +68,5 @@ def test_fake_tensors_are_left_to_the_compiler_that_traces_them(precompile):
     kernel = _Kernel()
     with FakeTensorMode():
         launch = _launch(kernel)
-    precompile([launch], [4096])
+    precompile([launch])
     assert kernel.calls == []

@@ -129,18 +129,14 @@ def _tuned(launch: triton_launch.Launch):
             triton.Config({"BLOCK_N": block}, num_warps=warps, num_stages=stages)
             for block, warps, stages in triton_launch.TILE_CONFIGS
         ]
-        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=["N_BUCKET", "H", "D", "MAP"])(launch.kernel)
+        key = ["N_BUCKET", *triton_launch.AUTOTUNE_SIZES]
+        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=key)(launch.kernel)
     return _tuned_kernels[launch.name]
-
-
-def _bucket(launch: triton_launch.Launch) -> int:
-    return triton.next_power_of_2(int(launch.args["N"]))
 
 
 def _run(launches: list[triton_launch.Launch]) -> None:
     if not _pinned and not interpreting():
-        tuned = [launch for launch in launches if launch.tuned]
-        triton_precompile.precompile(tuned, [_bucket(launch) for launch in tuned])
+        triton_precompile.precompile(launches)
     for launch in launches:
         if not launch.tuned:
             _launch(launch.kernel)[launch.grid](**launch.args, **launch.constants, num_warps=launch.num_warps)
@@ -153,7 +149,9 @@ def _run(launches: list[triton_launch.Launch]) -> None:
             block = triton_launch.chunk_granularity()
             launch.kernel[launch.grid](**launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block)
         else:
-            _launch(_tuned(launch))[launch.grid](**launch.args, **launch.constants, N_BUCKET=_bucket(launch))
+            _launch(_tuned(launch))[launch.grid](
+                **launch.args, **launch.constants, N_BUCKET=triton_launch.n_bucket(launch)
+            )
 
 
 def _mask_bytes(key_mask: Tensor | None) -> Tensor | None:

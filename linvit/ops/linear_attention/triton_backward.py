@@ -180,18 +180,18 @@ def key_value_grad_kernel(
 
 
 @triton.jit
-def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch, do_stride_n,
-                  channel_ok, tap, K: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n, channel_ok, tap,
+                  K: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """dL/dout at the tokens that tap ``tap`` of each token of a tile feeds ((H_PAD, BLOCK_N, D_PAD), zero where
     that is no token of the map, where the token itself is not kept, and everywhere for a tap beyond K·K: the last
-    program's spare ones), at a scalar offset from ``do_tile``, the tile's own places (as in
-    `triton_tiles.depthwise_conv`)."""
+    program's spare ones), at a scalar offset from ``do_tile``, the tile's own places
+    (`triton_tiles.neighbour_offset`)."""
     dy = K // 2 - tap // K
     dx = K // 2 - tap % K
     _, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, dy, dx, top, left, map_h, map_w,
                                         WINDOWED)  # fmt: skip
     ok = (source_ok & (tap < K * K))[None, :, None] & channel_ok
-    return tl.load(do_tile + (dy * pitch + dx) * do_stride_n, mask=ok, other=0.0)
+    return tl.load(do_tile + tiles.neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * do_stride_n, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -236,7 +236,6 @@ def dwc_weight_grad_kernel(
     chunks = tl.cdiv(N, chunk)
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
-    pitch = map_w if WINDOWED else grid_w  # a place's neighbour at (dy, dx) is dy · pitch + dx places on
     channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
     # v is loaded as (H_PAD, D_PAD, BLOCK_N), the product's left operand as it is: a permuted tile goes through
     # shared memory in 16-byte pieces with two barriers each under Triton 3.6 (623 -> 513 warp-instructions/token)
@@ -260,16 +259,16 @@ def dwc_weight_grad_kernel(
             v_t = tl.load(v_base + places[None, None, :] * stride_n + columns, mask=keep[None, None, :] & column_ok,
                           other=0.0)  # fmt: skip
             do_tile = do_base + places[None, :, None] * do_stride_n + channels
-            g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch, do_stride_n,
+            g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
                               channel_ok, first, K, WINDOWED)  # fmt: skip
             acc_first = _tap_product(v_t, g, acc_first, HALF_DOT, DOT_PRECISION)
             if TAPS > 1:
-                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch,
-                                  do_stride_n, channel_ok, first + 1, K, WINDOWED)  # fmt: skip
+                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
+                                  channel_ok, first + 1, K, WINDOWED)  # fmt: skip
                 acc_second = _tap_product(v_t, g, acc_second, HALF_DOT, DOT_PRECISION)
             if TAPS > 2:
-                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, pitch,
-                                  do_stride_n, channel_ok, first + 2, K, WINDOWED)  # fmt: skip
+                g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
+                                  channel_ok, first + 2, K, WINDOWED)  # fmt: skip
                 acc_third = _tap_product(v_t, g, acc_third, HALF_DOT, DOT_PRECISION)
     row = grads_ptr + p.to(tl.int64) * grads_width + H * D
     _store_tap(row, acc_first, first, D, D_PAD, K)

@@ -44,6 +44,8 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
     (16, 8, 1),
     (32, 8, 1),
 )
+# with the N bucket (:func:`n_bucket`) and the tensors' dtypes, what `triton.autotune` keys the tiled kernels on
+AUTOTUNE_SIZES = ("H", "D", "MAP")
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
 WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
@@ -67,6 +69,11 @@ class Launch:
     loops: Callable[[int], tuple[float, ...]]  # mean trip counts of its run-time loops, in program order, per BLOCK_N
     tuned: bool = True  # BLOCK_N, num_warps and num_stages come from TILE_CONFIGS
     num_warps: int = 4  # untuned kernels
+
+
+def n_bucket(launch: Launch) -> int:
+    """The N_BUCKET a tuned launch is autotuned for: its N rounded up to a power of two."""
+    return triton.next_power_of_2(int(launch.args["N"]))
 
 
 class KernelOptions(NamedTuple):

@@ -29,25 +29,24 @@ __all__ = ["precompile"]
 _warmed: set[tuple] = set()  # the autotune keys (kernel, N bucket, sizes, dtypes) already compiled
 
 
-def autotune_key(launch: triton_launch.Launch, bucket: int) -> tuple:
-    """What `triton.autotune` keys a launch on (its key arguments, the dtypes of its tensors), and the kernel."""
-    sizes = tuple(launch.constants.get(name) for name in ("H", "D", "MAP"))
+def autotune_key(launch: triton_launch.Launch) -> tuple:
+    """What `triton.autotune` keys a launch on (its N bucket and sizes, the dtypes of its tensors), and the kernel."""
+    sizes = tuple(launch.constants.get(name) for name in triton_launch.AUTOTUNE_SIZES)
     dtypes = tuple(str(value.dtype) for value in launch.args.values() if isinstance(value, Tensor))
-    return launch.name, bucket, sizes, dtypes
+    return launch.name, triton_launch.n_bucket(launch), sizes, dtypes
 
 
-def precompile(launches: list[triton_launch.Launch], buckets: list[int]) -> None:
-    """Warm every configuration of the tuned ``launches`` (N bucket each in ``buckets``) whose autotune key is new,
-    all on one thread pool."""
+def precompile(launches: list[triton_launch.Launch]) -> None:
+    """Warm every configuration of the tuned ``launches`` whose autotune key is new, all on one thread pool."""
     tensors = tuple(value for launch in launches for value in launch.args.values() if isinstance(value, Tensor))
     if AsyncCompileMode is None or detect_fake_mode(tensors) is not None:  # torch.compile traces: inductor compiles
         return
     jobs = []
-    for launch, bucket in zip(launches, buckets):
-        key = autotune_key(launch, bucket)
-        if launch.tuned and key not in _warmed:
+    for launch in launches:
+        key = autotune_key(launch) if launch.tuned else None
+        if key is not None and key not in _warmed:
             _warmed.add(key)
-            jobs += [(launch, bucket, config) for config in triton_launch.TILE_CONFIGS]
+            jobs += [(launch, config) for config in triton_launch.TILE_CONFIGS]
     if not jobs:
         return
     try:
@@ -56,10 +55,10 @@ def precompile(launches: list[triton_launch.Launch], buckets: list[int]) -> None
             ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool,
             AsyncCompileMode(pool, ignore_errors=True),
         ):
-            for launch, bucket, (block, warps, stages) in jobs:
+            for launch, (block, warps, stages) in jobs:
                 launch.kernel.warmup(
-                    **launch.args, **launch.constants, N_BUCKET=bucket, BLOCK_N=block, num_warps=warps,
-                    num_stages=stages, grid=launch.grid,
+                    **launch.args, **launch.constants, N_BUCKET=triton_launch.n_bucket(launch), BLOCK_N=block,
+                    num_warps=warps, num_stages=stages, grid=launch.grid,
                 )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - only a speed-up: autotuning compiles what this did not
         warnings.warn(f"linvit: compiling the tile configurations in parallel failed ({error!r}); autotuning "

@@ -414,6 +414,15 @@ def neighbour_rows(rows, row_ok, prefix, grid_h, grid_w, dy, dx, top, left, map_
 
 
 @triton.jit
+def neighbour_offset(dy, dx, grid_w, map_w, WINDOWED: tl.constexpr):
+    """How many places on from a token of the grid its neighbour at (dy, dx) lies in the image's token layout (a row
+    is the map's width, for a window too): one scalar per tap, so that a tap's loads are the tile's own addresses plus
+    it (per-element neighbour addresses per tap were hoisted out of the tile loop and spilled)."""
+    pitch = map_w if WINDOWED else grid_w
+    return dy * pitch + dx
+
+
+@triton.jit
 def copy_taps_major(w_ptr, taps_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr,
                     TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
     """Copy the DWC weight (D, 1, K, K) to ``taps_ptr`` in the form :func:`depthwise_conv` multiplies, done by the
@@ -453,10 +462,9 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
     ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32, and the
     centre tap's gathered values: the tile's own, zero where a tap counts as zero); with
     ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
-    (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels, at a fixed offset from
-    the tile's own places (a scalar per tap: per-element addresses per tap were hoisted out of the tile loop and
-    spilled). With ``WINDOWED`` the grid is the window at (top, left) of the map (see :func:`token_places`), whose
-    padding holds zeros too.
+    (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels, at a scalar offset from
+    the tile's own places (:func:`neighbour_offset`). With ``WINDOWED`` the grid is the window at (top, left) of the
+    map (see :func:`token_places`), whose padding holds zeros too.
 
     ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head
     as one (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
@@ -490,7 +498,6 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         step = stride_n
         tile = base + own * step + channels
         tile_ok = channel_ok
-    pitch = map_w if WINDOWED else grid_w  # a place's neighbour at (dy, dx) is dy · pitch + dx places on
     for tap in tl.static_range(K * K):
         dy = tap // K - K // 2
         dx = tap % K - K // 2
@@ -499,7 +506,8 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx, top, left, map_h,
                                                   map_w, WINDOWED)  # fmt: skip
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        value = tl.load(tile + (dy * pitch + dx) * step, mask=neighbour_ok & tile_ok, other=0)
+        value = tl.load(tile + neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * step, mask=neighbour_ok & tile_ok,
+                        other=0)  # fmt: skip
         if tap == (K * K) // 2:
             center = value
         if TENSOR_TAPS:
