@@ -152,20 +152,23 @@ def _float(value):
     return value.float().cpu() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
-HALF_CASES = ["focused", "focused_odd_head_dim", "focused_class_token", "focused_head_groups_ragged"]
+HALF_CASES = ["focused", "focused_odd_head_dim", "focused_class_token", "focused_head_groups_ragged", "relu_windows"]
 
 
 @needs_triton
 @pytest.mark.parametrize("name", HALF_CASES)
 def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(name):
-    """16-bit inputs take the forward's DWC path of tensor-core products with diagonal weights (and the backward's
-    transposed conv, multiply-adds): padded heads (3 → 4) and head dims (24 → 32), class tokens, masked keys, head
-    groups (the second one ragged), against the naive reference on the same rounded inputs in float32, value and every
-    gradient."""
-    from linvit.ops.linear_attention.triton_launch import tap_products
+    """16-bit inputs take the DWC path of tensor-core products with diagonal weights, in the forward and (except with
+    two heads to a program) in the backward's transposed conv, starting from dL/dv: padded heads (3 → 4) and head dims
+    (24 → 32), class tokens, masked keys, head groups (the second one ragged), windows, against the naive reference on
+    the same rounded inputs in float32, value and every gradient."""
+    from linvit.ops.linear_attention.triton_launch import tap_products, transposed_tap_products
 
     assert tap_products(torch.bfloat16, 32)["TENSOR_TAPS"] and not tap_products(torch.float32, 32)["TENSOR_TAPS"]
     assert not tap_products(torch.bfloat16, 64)["TENSOR_TAPS"]  # multiply-adds issue less from head_dim 64 on
+    backward = {heads: transposed_tap_products(torch.float16, heads, 32)["TENSOR_TAPS"] for heads in (1, 2, 4)}
+    assert backward == {1: True, 2: False, 4: True}
+    assert not transposed_tap_products(torch.float32, 4, 32)["TENSOR_TAPS"]
     qkv, kwargs = _inputs(CASES[name])
     _assert_bf16_triton_matches_naive(*_cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE), seed=2)
 

@@ -69,8 +69,13 @@ def query_grad_kernel(
     s_t = tl.permute(s, (0, 2, 1))
     acc_ds = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     # dz tile-shaped, summed over the tokens once per program (a sum across threads per tile costs 13
-    # warp-instructions per token); the temperature's reduced per tile: a second such accumulator spills (Triton 3.6)
-    acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    # warp-instructions per token); the temperature's reduced per tile: a second such accumulator spills (Triton 3.6).
+    # In windows dz is reduced per tile too: there (the per-window origin holds registers) the tile-shaped one spilled
+    # at 4 warps under Triton 3.6 (FLatten-Swin-T's stage 1: 340 per token at 4 warps against 500 at 8)
+    if WINDOWED:
+        acc_dz = tl.zeros([H_PAD, 1, D_PAD], tl.float32)
+    else:
+        acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -97,7 +102,10 @@ def query_grad_kernel(
             )
         else:
             acc_ds = tiles.head_dot(tl.permute(phi, (0, 2, 1)), dnum, acc_ds, H_PAD, DOT_PRECISION)
-        acc_dz += dden[:, :, None] * phi
+        if WINDOWED:
+            acc_dz += tl.sum(dden[:, :, None] * phi, axis=1, keep_dims=True)
+        else:
+            acc_dz += dden[:, :, None] * phi
         acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
     tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, tl.sum(acc_dz, axis=1), head0, H, D, H_PAD, D_PAD)
@@ -143,7 +151,9 @@ def key_value_grad_kernel(
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: a second tile-shaped accumulator spills
     acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)  # summed over the tokens once per program (34 per token less)
     start, stop = tiles.chunk_bounds(t, chunk, N)
-    for row0 in tl.range(start, stop, BLOCK_N):
+    # not pipelined with tensor-core taps, as in the forward's output kernel (336-561 KB of shared memory at 2 stages)
+    STAGES: tl.constexpr = 1 if TENSOR_TAPS else None
+    for row0 in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
         keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
@@ -163,8 +173,7 @@ def key_value_grad_kernel(
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
         dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi.to(gs_t.dtype), (0, 2, 1)), H_PAD, DOT_PRECISION),
                         (0, 2, 1))  # fmt: skip
-        if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv: multiply-adds into dv (the tensor-core
-            # taps need a second tile-sized accumulator, which spills here or costs more than it saves)
+        if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv, into dv
             dv, own = tiles.depthwise_conv(
                 dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
                 map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, True,

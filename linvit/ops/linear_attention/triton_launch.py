@@ -161,8 +161,7 @@ MULTIPLY_ADD_TAPS = {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}  # the DWC's
 
 
 def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
-    """How the forward's DWC multiplies (the backward's transposed conv keeps multiply-adds: with tensor-core taps
-    key_value_grad issues more, 701 against 631 per token at 4×32 by the cost figure): 16-bit inputs with
+    """How the forward's DWC multiplies (the backward's: :func:`transposed_tap_products`): 16-bit inputs with
     padded head dims up to 32 on the tensor cores (each tap a product with a diagonal weight matrix in the input's
     dtype, the weights rounded to it as autocast rounds them, fp32 accumulation; the matrices built once per call by
     the state kernel's first program); fp32 inputs and head dims of 64 and
@@ -176,6 +175,19 @@ def tap_products(dtype: torch.dtype, head_dim_pad: int) -> dict:
         "TENSOR_TAPS": True,
         "TAP_DTYPE": tl.float32 if interpreting() else tl.float16 if dtype == torch.float16 else tl.bfloat16,
     }
+
+
+def transposed_tap_products(dtype: torch.dtype, heads_pad: int, head_dim_pad: int) -> dict:
+    """How the backward's transposed conv (in key_value_grad) multiplies: as the forward (:func:`tap_products`),
+    its tensor-core products starting from the tile's dL/dv, except with two heads to a program (multiply-adds).
+    By the cost figure on Triton 3.8 (3.6), key_value_grad's warp-instructions per token with tensor-core taps
+    against multiply-adds: 437 against 576 (459 against 777) at 4×32, 460 against 645 (490 against 866) in
+    FLatten-Swin-T's windows, 126 against 159 (124 against 207) at 1×32; but 424 against 405 (425 against 387) at 2×32,
+    where the largest tiles that do not spill hold 16 tokens: products of 32 rows, whose per-tile work (each tap's
+    weight matrix loaded and staged in shared memory) is spread over half the tokens of the others."""
+    if heads_pad == 2:
+        return MULTIPLY_ADD_TAPS
+    return tap_products(dtype, head_dim_pad)
 
 
 def bf16_pairs(values: Tensor, head_dim: int, products: dict, windowed: bool) -> dict:
@@ -488,7 +500,7 @@ def backward_plan(
     key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
-    dwc = {**_dwc_constants(dwc_weight), **MULTIPLY_ADD_TAPS}  # the transposed conv (tensor-core taps issue more)
+    dwc = {**_dwc_constants(dwc_weight), **transposed_tap_products(qkv.dtype, sizes["H_PAD"], sizes["D_PAD"])}
     taps = _tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
     common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
     group_args = {
