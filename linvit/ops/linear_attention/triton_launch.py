@@ -302,9 +302,9 @@ def token_norms_shape(images: int, map_tokens: int, channels: int, options: Kern
 
 def _tap_buffer(dwc_weight: Tensor | None, qkv: Tensor, products: dict, head_dim_pad: int) -> Tensor:
     """The buffer of the DWC weight's copy that a plan's first kernel writes (`triton_tiles.copy_taps_major`) in the
-    form its taps multiply (``products``: :func:`tap_products`): for multiply-adds tap-major (K·K, D) in the weight's
-    dtype, for tensor-core taps each tap's (D_PAD, D_PAD) diagonal matrix in the taps' dtype; without a DWC a
-    placeholder."""
+    form its taps multiply (``products``: :func:`tap_products` or :func:`transposed_tap_products`): for multiply-adds
+    tap-major (K·K, D) in the weight's dtype, for tensor-core taps each tap's (D_PAD, D_PAD) diagonal matrix in the
+    taps' dtype; without a DWC a placeholder."""
     if dwc_weight is None:
         return qkv
     if not products["TENSOR_TAPS"]:

@@ -482,10 +482,11 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         dims = tl.arange(0, D_PAD)[None, :]
         channels = heads * D + dims
         channel_ok = (heads < H) & (dims < D)
-        if TRANSPOSED:  # the backward's products start from acc: a second tile-sized accumulator spilled there
-            conv = tl.reshape(acc, (H_PAD * BLOCK_N, D_PAD))
-        else:  # the forward's from zero, acc added after (starting from acc issued 4-11 more per token there)
-            conv = tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
+        # the backward's products start from acc (a second tile-sized accumulator spilled there); the forward's from
+        # zero, acc added after them (starting from acc issued 4-11 more per token there)
+        conv = (
+            tl.reshape(acc, (H_PAD * BLOCK_N, D_PAD)) if TRANSPOSED else tl.zeros([H_PAD * BLOCK_N, D_PAD], tl.float32)
+        )
     else:  # multiply-adds straight into acc (a second tile-sized accumulator spills in the backward)
         rows = row0 + tl.arange(0, BLOCK_N)[None, :, None]
         channels, channel_ok = tile_channels(head0, H, D, H_PAD, D_PAD)
@@ -532,9 +533,8 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         low, high = widen_pairs(center)
         center = tl.reshape(tl.join(low, high), (H_PAD, BLOCK_N, D_PAD))
     if TENSOR_TAPS:
-        if TRANSPOSED:
-            conv = tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
-        else:
-            conv = acc + tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
+        conv = tl.reshape(conv, (H_PAD, BLOCK_N, D_PAD))
+        if not TRANSPOSED:
+            conv += acc
         center = tl.reshape(center, (H_PAD, BLOCK_N, D_PAD))
     return conv, center
