@@ -72,10 +72,7 @@ def query_grad_kernel(
     # warp-instructions per token); the temperature's reduced per tile: a second such accumulator spills (Triton 3.6).
     # In windows dz is reduced per tile too: there (the per-window origin holds registers) the tile-shaped one spilled
     # at 4 warps under Triton 3.6 (FLatten-Swin-T's stage 1: 340 per token at 4 warps against 500 at 8)
-    if WINDOWED:
-        acc_dz = tl.zeros([H_PAD, 1, D_PAD], tl.float32)
-    else:
-        acc_dz = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
+    acc_dz = tl.zeros([H_PAD, 1 if WINDOWED else BLOCK_N, D_PAD], tl.float32)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):

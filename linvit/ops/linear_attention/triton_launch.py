@@ -184,7 +184,8 @@ def transposed_tap_products(dtype: torch.dtype, heads_pad: int, head_dim_pad: in
     against multiply-adds: 437 against 576 (459 against 777) at 4×32, 460 against 645 (490 against 866) in
     FLatten-Swin-T's windows, 126 against 159 (124 against 207) at 1×32; but 424 against 405 (425 against 387) at 2×32,
     where the largest tiles that do not spill hold 16 tokens: products of 32 rows, whose per-tile work (each tap's
-    weight matrix loaded and staged in shared memory) is spread over half the tokens of the others."""
+    weight matrix loaded and staged in shared memory) is spread over half the tokens of the others. (Counted before the
+    neighbour bounds became unsigned comparisons, which take 5-10 from each: 428 at 4×32 now.)"""
     if heads_pad == 2:
         return MULTIPLY_ADD_TAPS
     return tap_products(dtype, head_dim_pad)
