@@ -89,10 +89,12 @@ def _check_model(model, tmp_path, sizes, program_sizes) -> None:
             torch.testing.assert_close(exported(x), model(x), atol=TOLERANCE, rtol=0)
 
 
-# Tracing costs about 10 s per block on a loaded 2-core machine: the default tier exports the cheaper families (and
-# linvit_nano through the README's command; its features_only export is slow); FLatten-Swin (shifted
-# linear and softmax windows, ~110 s) and FLatten-PVT (~120 s) run in the slow tier with every registered model.
-DEFAULT_FAMILIES = ("pvt_v2", "cswin", "deit")
+# Tracing costs about 10 s per block on a loaded 2-core machine: the default tier exports the cheapest family (and
+# linvit_nano through the README's command; its features_only export is slow); CSWin (~30 s) and PVTv2 (~25 s) went
+# to the slow tier to keep the default tier under 15 minutes on Intel machines (13m40s with them, 2026-12-02),
+# FLatten-Swin (shifted linear and softmax windows, ~110 s) and FLatten-PVT (~120 s) run there too, with every
+# registered model.
+DEFAULT_FAMILIES = ("deit",)
 FAMILIES = [f if f in DEFAULT_FAMILIES else pytest.param(f, marks=pytest.mark.slow) for f in SMALL]
 
 

@@ -98,7 +98,11 @@ def test_prefix_tokens_take_part_in_attention_without_position():
 
 
 @needs_triton
-@pytest.mark.parametrize("model_name, size", [("linvit_nano", 32), ("flatten_deit_tiny_patch16_224", 48)])
+# FLatten-DeiT (a class token through the kernels, ~14 s in the interpreter) in the slow tier
+@pytest.mark.parametrize(
+    "model_name, size",
+    [("linvit_nano", 32), pytest.param("flatten_deit_tiny_patch16_224", 48, marks=pytest.mark.slow)],
+)
 def test_whole_model_on_triton_equals_torch(model_name, size):
     """The models take the fused path with no change of their own: the process-wide backend switches them all."""
     torch.manual_seed(0)
