@@ -194,10 +194,10 @@ def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h,
     (`triton_tiles.neighbour_offset`)."""
     dy = K // 2 - tap // K
     dx = K // 2 - tap % K
-    # a spare tap's product is never stored (_store_tap), and the bounds keep its loads in the image; they read
-    # nothing all the same, by a test that cost least as the scalar of the bounds on whole maps and per element in
-    # windows, whose grid is constant (Triton 3.6 at 4×32: 288 warp-instructions per token, 304 with no test, 328 per
-    # element; windows 348, 361 with no test, 365 as a scalar)
+    # A spare tap (beyond K·K) reads nothing. Its product is never stored (_store_tap) and the bounds alone keep its
+    # loads in the image, but the test counts fewest kept: on whole maps as a grid of no rows (a scalar the bounds
+    # compare anyway), in windows (whose grid is a constant) per element. Triton 3.6 at 4×32: 288 warp-instructions
+    # per token, 304 with no test, 328 per element; in windows 348 per element, 361 with none, 365 as a scalar.
     if not WINDOWED:
         grid_h = tl.where(tap < K * K, grid_h, 0)
     _, source_ok = tiles.neighbour_rows(rows, keep, prefix, grid_h, grid_w, dy, dx, top, left, map_h, map_w,
