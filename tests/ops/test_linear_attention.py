@@ -278,6 +278,40 @@ def test_heads_share_a_program_while_their_states_fit():
 
 
 @needs_triton
+@pytest.mark.parametrize(
+    "name", ["focused", "relu_windows", pytest.param("focused_head_groups_ragged", marks=pytest.mark.slow)]
+)
+def test_tiles_load_with_their_tokens_first_or_not_with_the_same_result(name, monkeypatch):
+    """The forward kernels and dwc_weight_grad load and store their tiles through pointers with the tokens on the
+    first axis before Triton 3.7 and in place from 3.7 (`triton_launch.ROWS_FIRST`, so that each version's
+    coalescing pass gives a thread one token): the layout this Triton does not take gives the same output and
+    gradients (whole map with a mask, windows, class token with head groups)."""
+    from linvit.ops.linear_attention import triton_launch
+
+    monkeypatch.setattr(triton_launch, "ROWS_FIRST", not triton_launch.ROWS_FIRST)
+    qkv, kwargs = _inputs(CASES[name])
+    grad_out = torch.randn(qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3, dtype=torch.float64)
+    expected, expected_grads = _run("naive", qkv, kwargs, grad_out)
+    qkv32, kwargs32 = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
+    out, grads = _run("triton", qkv32, kwargs32, grad_out.float().to(TRITON_DEVICE))
+    _assert_close(out.cpu(), expected, 2e-5)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.cpu(), want, 5e-5)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_bf16_pairs_load_with_their_tokens_first_or_not_with_the_same_result(monkeypatch):
+    """The DWC's bf16 pairs (head_dim 64) gathered through pointers with the tokens first and in place: the layout
+    this Triton does not take gives the same output and gradients (see the test above)."""
+    from linvit.ops.linear_attention import triton_launch
+
+    monkeypatch.setattr(triton_launch, "ROWS_FIRST", not triton_launch.ROWS_FIRST)
+    qkv, kwargs = _inputs(CASES["focused_head_dim_64"])
+    _assert_bf16_triton_matches_naive(*_cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE), seed=3)
+
+
+@needs_triton
 def test_pinned_tiles_take_one_configuration_with_the_same_result():
     """pinned_tiles launches every tiled kernel with one configuration instead of autotuning (the GPU test tier):
     64-token tiles across the interpreter's 16-token chunks (clipped to each chunk) give the same values and

@@ -187,7 +187,7 @@ def key_value_grad_kernel(
 
 @triton.jit
 def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n, channel_ok, tap,
-                  K: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+                  K: tl.constexpr, WINDOWED: tl.constexpr, ROWS_FIRST: tl.constexpr):  # fmt: skip
     """dL/dout at the tokens that tap ``tap`` of each token of a tile feeds ((H_PAD, BLOCK_N, D_PAD), zero where
     that is no token of the map, where the token itself is not kept, and everywhere for a tap beyond K·K: the last
     program's spare ones), at a scalar offset from ``do_tile``, the tile's own places
@@ -205,7 +205,8 @@ def _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h,
     if WINDOWED:
         source_ok = source_ok & (tap < K * K)
     ok = source_ok[None, :, None] & channel_ok
-    return tl.load(do_tile + tiles.neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * do_stride_n, mask=ok, other=0.0)
+    return tiles.load_rows(do_tile + tiles.neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * do_stride_n, ok, 0.0,
+                           ROWS_FIRST)  # fmt: skip
 
 
 @triton.jit
@@ -236,7 +237,7 @@ def dwc_weight_grad_kernel(
     map_h, map_w, windows, windows_w, items, items_per_program, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, TAPS: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, ROWS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """The DWC weight's gradient for the TAPS (1 to 3) taps TAPS·j … of j = ``program_id(1)`` (fewer in the last
     program where K·K is no multiple), over the items (chunk t of batch element b, item b·chunks + t)
@@ -251,8 +252,9 @@ def dwc_weight_grad_kernel(
     grid_h, grid_w = tiles.window_grid(grid_h, grid_w, WINDOW_H, WINDOW_W)
     WINDOWED: tl.constexpr = WINDOW_H > 0
     channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
-    # v is loaded as (H_PAD, D_PAD, BLOCK_N), the product's left operand as it is: a permuted tile goes through
-    # shared memory in 16-byte pieces with two barriers each under Triton 3.6 (623 -> 513 warp-instructions/token)
+    # v is loaded as (H_PAD, D_PAD, BLOCK_N), the product's left operand as it is: a tile permuted in registers went
+    # through shared memory in 16-byte pieces with two barriers each under Triton 3.6 (623 -> 513 warp-instructions
+    # per token; ROWS_FIRST's swap is of a load the pipeline puts in shared memory as it is)
     column_heads = tl.arange(0, H_PAD)[:, None, None]
     column_dims = tl.arange(0, D_PAD)[None, :, None]
     columns, column_ok = column_heads * D + column_dims, (column_heads < H) & (column_dims < D)
@@ -270,19 +272,19 @@ def dwc_weight_grad_kernel(
             rows = row0 + tl.arange(0, BLOCK_N)
             places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
             keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
-            v_t = tl.load(v_base + places[None, None, :] * stride_n + columns, mask=keep[None, None, :] & column_ok,
-                          other=0.0)  # fmt: skip
+            v_t = tiles.load_rows(v_base + places[None, None, :] * stride_n + columns, keep[None, None, :] & column_ok,
+                                  0.0, ROWS_FIRST, 2)  # fmt: skip
             do_tile = do_base + places[None, :, None] * do_stride_n + channels
             g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                              channel_ok, first, K, WINDOWED)  # fmt: skip
+                              channel_ok, first, K, WINDOWED, ROWS_FIRST)  # fmt: skip
             acc_first = _tap_product(v_t, g, acc_first, HALF_DOT, DOT_PRECISION)
             if TAPS > 1:
                 g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                                  channel_ok, first + 1, K, WINDOWED)  # fmt: skip
+                                  channel_ok, first + 1, K, WINDOWED, ROWS_FIRST)  # fmt: skip
                 acc_second = _tap_product(v_t, g, acc_second, HALF_DOT, DOT_PRECISION)
             if TAPS > 2:
                 g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
-                                  channel_ok, first + 2, K, WINDOWED)  # fmt: skip
+                                  channel_ok, first + 2, K, WINDOWED, ROWS_FIRST)  # fmt: skip
                 acc_third = _tap_product(v_t, g, acc_third, HALF_DOT, DOT_PRECISION)
     row = grads_ptr + p.to(tl.int64) * grads_width + H * D
     _store_tap(row, acc_first, first, D, D_PAD, K)

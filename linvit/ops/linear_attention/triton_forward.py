@@ -39,9 +39,11 @@ def state_kernel(
     HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    ROWS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
-    program also copies the DWC weight in the form the output kernel's taps multiply."""
+    program also copies the DWC weight in the form the output kernel's taps multiply. ROWS_FIRST: the tiles' layout
+    (`triton_tiles.load_rows`)."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -64,11 +66,11 @@ def state_kernel(
         keep = tiles.unmasked((rows < stop) & real, mask_base, rows, HAS_MASK)
         ok = keep[None, :, None] & channel_ok
         x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
-                            PRESCALED)  # fmt: skip
+                            PRESCALED, ROWS_FIRST)  # fmt: skip
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, keep, TOKEN_NORMS)
         phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
         phi = tl.where(ok, phi, 0.0)
-        v = tl.load(v_base + places[None, :, None] * stride_n + channels, mask=ok, other=0.0)
+        v = tiles.load_rows(v_base + places[None, :, None] * stride_n + channels, ok, 0.0, ROWS_FIRST)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
             acc_s = tiles.head_dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s, H_PAD, DOT_PRECISION)
         else:
@@ -90,10 +92,10 @@ def output_kernel(
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
-    TOKEN_NORMS: tl.constexpr,
+    TOKEN_NORMS: tl.constexpr, ROWS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
-    group's heads)."""
+    group's heads). ROWS_FIRST: the tiles' layout (`triton_tiles.load_rows`)."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -116,7 +118,7 @@ def output_kernel(
     for row0 in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
-        x = tiles.load_tile(q_base, places, ok, stride_n, channels)
+        x = tiles.load_tile(q_base, places, ok, stride_n, channels, ROWS_FIRST)
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
         phi = tl.where(ok, phi, 0.0)
@@ -127,11 +129,11 @@ def output_kernel(
             out, _ = tiles.depthwise_conv(
                 out, v_base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,
                 head0, H, D, H_PAD, D_PAD, BLOCK_N, K, HAS_MASK, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, False,
-                WINDOWED,
+                WINDOWED, ROWS_FIRST,
             )  # fmt: skip
             if HAS_BIAS:
                 out += tl.where((rows >= prefix)[None, :, None], bias, 0.0)
-        tl.store(out_base + places[None, :, None] * out_stride_n + channels, out, mask=ok)
+        tiles.store_rows(out_base + places[None, :, None] * out_stride_n + channels, out, ok, ROWS_FIRST)
 
 
 @triton.jit
@@ -141,11 +143,11 @@ def token_norms_kernel(
     windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr,
-    WINDOW_W: tl.constexpr,
+    WINDOW_W: tl.constexpr, ROWS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """The focused map's (m, ‖â‖², ‖â^p‖²) of the key (with its positional term) and the query of each token of chunk t
     of batch element b, over all C channels (the tile holds every head), as 6 fp32 per token of the image's tokens:
-    the keys' three, then the queries'."""
+    the keys' three, then the queries'. ROWS_FIRST: the tiles' layout (`triton_tiles.load_rows`)."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -158,9 +160,9 @@ def token_norms_kernel(
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
         keys = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
-                               HAS_POS, PRESCALED)  # fmt: skip
+                               HAS_POS, PRESCALED, ROWS_FIRST)  # fmt: skip
         m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)
         tiles.store_norms(norms_base, places, row_ok, m, sq_a, sq_y)
-        queries = tiles.load_tile(q_base, places, ok, stride_n, channels)
+        queries = tiles.load_tile(q_base, places, ok, stride_n, channels, ROWS_FIRST)
         m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(queries, inv, channel_ok, feature_eps, PRESCALED), POWER)
         tiles.store_norms(norms_base + 3, places, row_ok, m, sq_a, sq_y)

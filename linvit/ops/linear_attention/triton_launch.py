@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -155,6 +156,13 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
         "DOT_PRECISION": "tf32" if half and not interpreting() else "ieee",
     }
+
+
+# Whether the tiles' loads lay their tokens on the first axis (`triton_tiles.load_rows`): Triton's coalescing pass then
+# gives each thread one token before 3.7, where it breaks a tie of contiguity in favour of the first axis. The forward
+# kernels and dwc_weight_grad take it (Triton 3.6 at 4×32, warp-instructions per token: forward 352 -> 330,
+# dwc_weight_grad 288 -> 184); query_grad and key_value_grad do not (they spilled with it).
+ROWS_FIRST = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2]) < (3, 7)
 
 
 MULTIPLY_ADD_TAPS = {"TENSOR_TAPS": False, "TAP_DTYPE": tl.float32}  # the DWC's taps as fp32 multiply-adds
@@ -375,7 +383,7 @@ def forward_plan(
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
         },
-        {**sizes, **flags, "HAS_POS": key_position is not None, **dwc},
+        {**sizes, **flags, "HAS_POS": key_position is not None, **dwc, "ROWS_FIRST": ROWS_FIRST},
         lambda block: (trips(block),),
     )
     output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
@@ -407,6 +415,7 @@ def forward_plan(
             **dwc,
             **bf16_pairs(qkv, head_dim, dwc, walked.windowed),
             "HAS_BIAS": dwc_bias is not None,
+            "ROWS_FIRST": ROWS_FIRST,
         },
         lambda block: (chunks, trips(block)),
     )
@@ -455,6 +464,7 @@ def _token_norms(
             "PRESCALED": prescaled,
             "HAS_POS": key_position is not None,
             **walked.window_constants,
+            "ROWS_FIRST": ROWS_FIRST,
         },
         lambda block: (trips(block),),
     )
@@ -631,6 +641,7 @@ def backward_plan(
             "HAS_MASK": mask is not None,
             **walked.window_constants,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
+            "ROWS_FIRST": ROWS_FIRST,
         },
         # one item per program: the launcher makes items_per_program the constant 1, and the item loop is gone
         lambda block: (trips(block),) if per_program == 1 else (items / weight_programs, trips(block)),

@@ -19,6 +19,10 @@ the norms over all C channels of a token, evaluated scale-free: with m = max_c a
 φ = m · ‖â‖ / ‖â^p‖ · â^p, which equals the definition but neither overflows for large a nor underflows to denormals
 (and 0/0) for tiny a, where a^(2p) leaves float32's range. Rows are tokens; the first ``prefix`` tokens (class
 tokens) have no position: no positional term, no DWC.
+
+``ROWS_FIRST`` (Triton before 3.7, `triton_launch.ROWS_FIRST`): the kernels that gain by it load and store their tiles
+through pointers laid out with the tokens on the first axis (:func:`load_rows`), so that each thread holds one token
+of a tile under either version's coalescing pass.
 """
 
 from __future__ import annotations
@@ -144,21 +148,53 @@ def tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N
 
 
 @triton.jit
-def load_tile(base, rows, ok, stride_n, channels):
+def _swap_with_first(x, AXIS: tl.constexpr):
+    """x with its axes 0 and AXIS (1 or 2) swapped: a relabelling of the layout, its own inverse."""
+    if AXIS == 1:
+        swapped = tl.permute(x, (1, 0, 2))
+    else:  # no early return: Triton 3.6 compares the types of both returns
+        swapped = tl.permute(x, (2, 1, 0))
+    return swapped
+
+
+@triton.jit
+def load_rows(pointers, mask, other, ROWS_FIRST: tl.constexpr, ROW_AXIS: tl.constexpr = 1):
+    """``tl.load`` of a 3-D tile whose tokens lie along ROW_AXIS. Triton's coalescing pass spreads a load's threads
+    over its axes in the order of their contiguity and breaks the tie between the tokens and the heads by position:
+    before 3.7 the first axis goes first, from 3.7 the last. With ROWS_FIRST the load is laid out with the tokens
+    first and swapped back, so that a thread holds one token of the tile (its coordinates, neighbours and norms
+    computed once) instead of four."""
+    if ROWS_FIRST:
+        tile = tl.load(_swap_with_first(pointers, ROW_AXIS), mask=_swap_with_first(mask, ROW_AXIS), other=other)
+        return _swap_with_first(tile, ROW_AXIS)
+    return tl.load(pointers, mask=mask, other=other)
+
+
+@triton.jit
+def store_rows(pointers, values, mask, ROWS_FIRST: tl.constexpr):
+    """``tl.store`` of a (H_PAD, BLOCK_N, D_PAD) tile, laid out as :func:`load_rows` lays out its loads."""
+    if ROWS_FIRST:
+        tl.store(_swap_with_first(pointers, 1), _swap_with_first(values, 1), mask=_swap_with_first(mask, 1))
+    else:
+        tl.store(pointers, values, mask=mask)
+
+
+@triton.jit
+def load_tile(base, rows, ok, stride_n, channels, ROWS_FIRST: tl.constexpr = False):
     """x[rows, channels] of a (H_PAD, BLOCK_N, D_PAD) tile in fp32, zero where not ``ok``."""
-    return tl.load(base + rows[None, :, None] * stride_n + channels, mask=ok, other=0.0).to(tl.float32)
+    return load_rows(base + rows[None, :, None] * stride_n + channels, ok, 0.0, ROWS_FIRST).to(tl.float32)
 
 
 @triton.jit
 def load_keys(base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, C: tl.constexpr,
-              HAS_POS: tl.constexpr, PRESCALED: tl.constexpr):  # fmt: skip
+              HAS_POS: tl.constexpr, PRESCALED: tl.constexpr, ROWS_FIRST: tl.constexpr = False):  # fmt: skip
     """Raw keys of a tile (tokens ``rows``, stored at ``places``) plus the positional term on spatial tokens (scaled
     by inv when the temperature was folded into the projection)."""
-    x = load_tile(base, places, ok, stride_n, channels)
+    x = load_tile(base, places, ok, stride_n, channels, ROWS_FIRST)
     if HAS_POS:
         spatial = rows - prefix
         pos_ok = ok & (spatial >= 0)[None, :, None]
-        position = tl.load(pos_base + spatial[None, :, None] * C + channels, mask=pos_ok, other=0.0).to(tl.float32)
+        position = load_rows(pos_base + spatial[None, :, None] * C + channels, pos_ok, 0.0, ROWS_FIRST).to(tl.float32)
         if PRESCALED:
             position = position * inv
         x = x + position
@@ -458,7 +494,7 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
                    map_w, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, K: tl.constexpr, HAS_MASK: tl.constexpr, TENSOR_TAPS: tl.constexpr,
                    TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, TRANSPOSED: tl.constexpr,
-                   WINDOWED: tl.constexpr):  # fmt: skip
+                   WINDOWED: tl.constexpr, ROWS_FIRST: tl.constexpr = False):  # fmt: skip
     """(``acc`` plus the depthwise k×k conv (the kernel of D channels shared by the heads, at ``taps_ptr`` in the form
     :func:`copy_taps_major` writes for ``TENSOR_TAPS``) of the (B, N, ·) values at
     ``base`` for the tokens row0 … row0 + BLOCK_N of a tile (heads head0 …), (H_PAD, BLOCK_N, D_PAD) in fp32, and the
@@ -466,7 +502,8 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
     ``TRANSPOSED`` its transpose (the taps mirrored: the gradient of its input). Taps on padding, class tokens and
     (``HAS_MASK``) masked tokens count as zeros. Each tap is gathered once for all C channels, at a scalar offset from
     the tile's own places (:func:`neighbour_offset`). With ``WINDOWED`` the grid is the window at (top, left) of the
-    map (see :func:`token_places`), whose padding holds zeros too.
+    map (see :func:`token_places`), whose padding holds zeros too. ROWS_FIRST: the multiply-adds' 3-D gathers
+    through :func:`load_rows` (the tensor-core taps' 2-D ones need no such layout).
 
     ``TENSOR_TAPS`` (16-bit inputs, head_dim ≤ 32): each tap is one tensor-core product, the gathered rows of every head
     as one (H_PAD·BLOCK_N, D_PAD) matrix times the diagonal matrix of the tap's weights, operands in ``TAP_DTYPE`` and
@@ -512,8 +549,8 @@ def depthwise_conv(acc, base, mask_base, taps_ptr, row0, stop, stride_n, prefix,
         neighbours, neighbour_ok = neighbour_rows(rows, rows < stop, prefix, grid_h, grid_w, dy, dx, top, left, map_h,
                                                   map_w, WINDOWED)  # fmt: skip
         neighbour_ok = unmasked(neighbour_ok, mask_base, neighbours, HAS_MASK)
-        value = tl.load(tile + neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * step, mask=neighbour_ok & tile_ok,
-                        other=0)  # fmt: skip
+        value = load_rows(tile + neighbour_offset(dy, dx, grid_w, map_w, WINDOWED) * step, neighbour_ok & tile_ok, 0,
+                          ROWS_FIRST and not TENSOR_TAPS)  # fmt: skip
         if tap == (K * K) // 2:
             center = value
         if TENSOR_TAPS:
