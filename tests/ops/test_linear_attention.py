@@ -279,7 +279,12 @@ def test_heads_share_a_program_while_their_states_fit():
 
 @needs_triton
 @pytest.mark.parametrize(
-    "name", ["focused", "relu_windows", pytest.param("focused_head_groups_ragged", marks=pytest.mark.slow)]
+    "name",
+    [
+        "focused",
+        pytest.param("relu_windows", marks=pytest.mark.slow),
+        pytest.param("focused_head_groups_ragged", marks=pytest.mark.slow),
+    ],
 )
 def test_tiles_load_with_their_tokens_first_or_not_with_the_same_result(name, monkeypatch):
     """The forward kernels and dwc_weight_grad load and store their tiles through pointers with the tokens on the
