@@ -273,7 +273,7 @@ def dwc_weight_grad_kernel(
             places, real = tiles.token_places(rows, top, left, grid_w, map_h, map_w, WINDOWED)
             keep = tiles.unmasked((rows < stop) & (rows >= prefix) & real, mask_base, rows, HAS_MASK)
             v_t = tiles.load_rows(v_base + places[None, None, :] * stride_n + columns, keep[None, None, :] & column_ok,
-                                  0.0, ROWS_FIRST, 2)  # fmt: skip
+                                  0.0, ROWS_FIRST, ROW_AXIS=2)  # fmt: skip
             do_tile = do_base + places[None, :, None] * do_stride_n + channels
             g = _shifted_grad(do_tile, rows, keep, prefix, grid_h, grid_w, top, left, map_h, map_w, do_stride_n,
                               channel_ok, first, K, WINDOWED, ROWS_FIRST)  # fmt: skip
