@@ -49,6 +49,10 @@ def _deadline() -> float | None:
         ) from None
 
 
+def pytest_configure(config):
+    _deadline()  # a bad value stops the run once, before collection, instead of erroring every test
+
+
 def pytest_runtest_setup(item):
     deadline = _deadline()
     if deadline is not None and time.time() > deadline:
