@@ -13,12 +13,16 @@ def test_a_test_after_the_deadline_is_skipped_with_the_reason(monkeypatch):
         conftest.pytest_runtest_setup(None)
 
 
-@pytest.mark.parametrize("deadline", [None, "", "in_an_hour"])
-def test_a_test_before_the_deadline_or_without_one_runs(monkeypatch, deadline):
-    if deadline is None:
-        monkeypatch.delenv("LINVIT_TEST_DEADLINE", raising=False)
-    else:
-        monkeypatch.setenv("LINVIT_TEST_DEADLINE", str(time.time() + 3600) if deadline == "in_an_hour" else deadline)
+@pytest.mark.parametrize("seconds_left", [None, 3600], ids=["unset", "an_hour_left"])
+def test_a_test_before_the_deadline_or_without_one_runs(monkeypatch, seconds_left):
+    monkeypatch.delenv("LINVIT_TEST_DEADLINE", raising=False)
+    if seconds_left is not None:
+        monkeypatch.setenv("LINVIT_TEST_DEADLINE", str(time.time() + seconds_left))
+    conftest.pytest_runtest_setup(None)  # no skip
+
+
+def test_an_empty_deadline_is_unset(monkeypatch):
+    monkeypatch.setenv("LINVIT_TEST_DEADLINE", " ")
     conftest.pytest_runtest_setup(None)  # no skip
 
 
