@@ -18,9 +18,11 @@ import torch, triton, timm
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(f"{gpu}: torch {torch.__version__}, Triton {triton.__version__}, timm {timm.__version__}")
 PY
-workers=()
-if "$python" -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
-timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest -m cuda -q -p no:cacheprovider "${workers[@]}" \
+# pyproject's addopts ask for pytest-xdist and pytest-timeout (the dev extra), which the GPU machine's image may lack:
+# this run states its own options instead (its time limit is `timeout`'s).
+options=(-o "addopts=-ra --import-mode=importlib" -m cuda -q -p no:cacheprovider)
+if "$python" -c "import xdist" 2>/dev/null; then options+=(-n 8); fi
+timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest "${options[@]}" \
     tests/ops/test_linear_attention_cuda.py tests/reliability/test_numerics.py 2>&1 | tee "$OUT/gpu-tests.txt"
 tests=${PIPESTATUS[0]}
 timeout "${GPU_TABLE_SECONDS:-280}" "$python" -m benchmarks.gpu --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-targets.txt"

@@ -15,6 +15,12 @@ try:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The tests run in pytest-xdist's worker processes (`-n auto` in pyproject's addopts); each takes its share of the
+    # cores, so that the workers' torch threads together do not outnumber them.
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if _workers > 1:
+        _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, _cores // _workers))
 except ImportError:  # pragma: no cover - torch is a dependency
     pass
 

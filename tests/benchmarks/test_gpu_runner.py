@@ -106,12 +106,21 @@ def test_compile_child_reports_compile_time_and_gain():
 
 
 @pytest.mark.slow
-def test_gpu_check_runs_both_steps_and_records_them(tmp_path):
+@pytest.mark.parametrize("dev_plugins", [True, False], ids=["with_the_dev_plugins", "bare_pytest"])
+def test_gpu_check_runs_both_steps_and_records_them(tmp_path, dev_plugins):
     """benchmarks/gpu_check.sh (the one command for a lent GPU) runs the GPU test tier and then the target table, each
     under its own limit, and leaves versions and logs in OUT. On a machine without a GPU the tier skips and the table
-    says it has no CUDA device: the script still runs both steps and reports both exit codes."""
+    says it has no CUDA device: the script still runs both steps and reports both exit codes. The GPU machine's image
+    may have pytest without pytest-xdist and pytest-timeout, whose options pyproject's addopts give: it runs there
+    too."""
     environment = {**os.environ, "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60", "PYTHON": sys.executable}
     environment.pop("TRITON_INTERPRET", None)
+    if not dev_plugins:  # neither importable nor loaded by pytest
+        blocked = tmp_path / "blocked" / "xdist"
+        blocked.mkdir(parents=True)
+        (blocked / "__init__.py").write_text("raise ImportError('pytest-xdist is not installed on the GPU machine')\n")
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocked.parent), os.environ.get("PYTHONPATH")]))
+        environment["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     done = subprocess.run(
         ["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
         capture_output=True, text=True, env=environment, timeout=300, check=False,
@@ -120,5 +129,5 @@ def test_gpu_check_runs_both_steps_and_records_them(tmp_path):
     versions = (tmp_path / "gpu-versions.txt").read_text()
     assert "torch" in versions and "Triton" in versions
     if not torch.cuda.is_available():
-        assert "skipped" in (tmp_path / "gpu-tests.txt").read_text()
+        assert "skipped" in (tmp_path / "gpu-tests.txt").read_text(), (tmp_path / "gpu-tests.txt").read_text()[-2000:]
         assert "gpu_check: tests exit 0, target table exit 1" in versions and done.returncode == 1
