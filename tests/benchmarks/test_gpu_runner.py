@@ -17,20 +17,19 @@ from linvit.bench import gpu
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _blocked_packages(folder: Path) -> str:
-    """A folder that shadows hydra, omegaconf and lightning with packages that refuse to import (the GPU machine
-    has none of them)."""
-    for name in ("hydra", "omegaconf", "lightning"):
+def _pythonpath_blocking(folder: Path, names=("hydra", "omegaconf", "lightning")) -> str:
+    """A PYTHONPATH whose first folder shadows ``names`` with packages that refuse to import (the GPU machine has
+    none of hydra, omegaconf and lightning)."""
+    for name in names:
         package = folder / name
         package.mkdir(parents=True)
         (package / "__init__.py").write_text(f"raise ImportError('{name} is not installed on the GPU machine')\n")
-    return str(folder)
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
 
 
 def test_quick_cpu_run_measures_every_row_without_hydra(tmp_path):
     out = tmp_path / "out"
-    blocked = _blocked_packages(tmp_path / "blocked")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [blocked, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=_pythonpath_blocking(tmp_path / "blocked"))
     command = [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -116,10 +115,7 @@ def test_gpu_check_runs_both_steps_and_records_them(tmp_path, dev_plugins):
     environment = {**os.environ, "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60", "PYTHON": sys.executable}
     environment.pop("TRITON_INTERPRET", None)
     if not dev_plugins:  # neither importable nor loaded by pytest
-        blocked = tmp_path / "blocked" / "xdist"
-        blocked.mkdir(parents=True)
-        (blocked / "__init__.py").write_text("raise ImportError('pytest-xdist is not installed on the GPU machine')\n")
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocked.parent), os.environ.get("PYTHONPATH")]))
+        environment["PYTHONPATH"] = _pythonpath_blocking(tmp_path / "blocked", names=("xdist",))
         environment["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     done = subprocess.run(
         ["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
