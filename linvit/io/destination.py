@@ -1,0 +1,216 @@
+"""Writing files without losing anyone's: every file linvit writes goes through :func:`write_file`.
+
+- The bytes go to a temporary file in the destination's folder (``.NAME.<random>.linvit-tmp``), which is flushed,
+  fsynced and renamed onto the destination (``os.replace``, atomic on POSIX), so a kill at any moment leaves the old
+  file or the new one under the final name, never a partial one.
+- Each folder linvit writes into holds a record, :data:`RECORD_NAME`, of what it wrote there: file name, kind (e.g.
+  ``onnx``, ``checkpoint``), size and SHA-256. A destination that exists is replaced only when the record says
+  linvit wrote it as the same kind and its bytes still match (so ``linvit export`` never replaces a user's
+  ``notes.txt`` nor the run's ``best.ckpt``), or when the user passed ``--force`` (``force=True``). Even then a
+  folder, a link or a special file is never replaced.
+- The SHA-256 in the record is also what :func:`recorded_sha256` gives the loaders, which check a file against it
+  before use (a byte flipped after the save is then named, not loaded).
+- Failures of the file system (a full disk, a read-only or missing folder, a destination that is a folder) raise
+  :class:`DestinationError`, one line naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RECORD_NAME",
+    "TEMPORARY_SUFFIX",
+    "DestinationError",
+    "check_destination",
+    "file_sha256",
+    "recorded_sha256",
+    "remove_own_temporaries",
+    "write_file",
+]
+
+RECORD_NAME = ".linvit-written.json"
+TEMPORARY_SUFFIX = ".linvit-tmp"
+_RECORD_LIMIT = 4 * 1024 * 1024  # bytes: a record holds a line per file written; a larger one is not ours
+
+
+class DestinationError(ValueError):
+    """A file cannot be written where asked (exists and is not linvit's, a folder, unwritable, disk full)."""
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The SHA-256 of a file's bytes, read in chunks (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_record(folder: Path) -> dict[str, dict[str, Any]]:
+    """The folder's record of what linvit wrote there; {} when absent or not one linvit wrote (never an error)."""
+    path = folder / RECORD_NAME
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _RECORD_LIMIT:
+            return {}
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {
+        name: entry
+        for name, entry in record.items()
+        if isinstance(name, str)
+        and isinstance(entry, dict)
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(entry.get("kind"), str)
+        and isinstance(entry.get("size"), int)
+    }
+
+
+def recorded_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 linvit recorded when it wrote ``path`` (in the folder's :data:`RECORD_NAME`), or None."""
+    path = Path(path)
+    entry = _read_record(path.parent).get(path.name)
+    return entry["sha256"] if entry else None
+
+
+def _written_by_linvit(path: Path, kind: str) -> bool:
+    """Whether the record says linvit wrote ``path`` as ``kind`` and the file still has those bytes."""
+    entry = _read_record(path.parent).get(path.name)
+    if not entry or entry["kind"] != kind:
+        return False
+    try:
+        return path.stat().st_size == entry["size"] and file_sha256(path) == entry["sha256"]
+    except OSError:
+        return False
+
+
+def _problem(path: Path, error: OSError) -> DestinationError:
+    reasons = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ENOENT: "its folder does not exist",
+        errno.ENOTDIR: "a part of the path is not a folder",
+        errno.EISDIR: "it is a folder",
+        errno.ENAMETOOLONG: "the name is too long",
+    }
+    reason = reasons.get(error.errno, error.strerror or type(error).__name__)
+    return DestinationError(f"cannot write '{path}': {reason}")
+
+
+def check_destination(
+    path: str | os.PathLike, kind: str, *, force: bool = False, force_option: str = "--force"
+) -> Path:
+    """Raise :class:`DestinationError` unless ``path`` may be written as ``kind``: it does not exist, or linvit wrote
+    it as that kind and it is unchanged, or ``force`` (never a folder, a link or a special file). Returns the path."""
+    path = Path(path)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as error:
+        raise _problem(path, error) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise DestinationError(f"cannot write '{path}': it is a folder; name a file inside it")
+    if not stat.S_ISREG(info.st_mode):
+        raise DestinationError(
+            f"cannot write '{path}': it is a link or a special file, not replaced even with {force_option}"
+        )
+    if force or _written_by_linvit(path, kind):
+        return path
+    raise DestinationError(
+        f"'{path}' exists and linvit did not write it as {kind}: not replaced. Name another destination, or pass "
+        f"{force_option} to replace it"
+    )
+
+
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        handle = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+
+def _temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+
+
+def _update_record(path: Path, kind: str) -> None:
+    folder = path.parent
+    record = _read_record(folder)
+    record[path.name] = {"kind": kind, "size": path.stat().st_size, "sha256": file_sha256(path)}
+    _replace_atomically(folder / RECORD_NAME, lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)))
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    temporary = _temporary_name(path)
+    try:
+        write(temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # also a KeyboardInterrupt/SystemExit (SIGTERM) during the write
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(path.parent)
+
+
+def write_file(
+    path: str | os.PathLike,
+    write: Callable[[Path], Any],
+    kind: str,
+    *,
+    force: bool = False,
+    force_option: str = "--force",
+    record: bool = True,
+) -> Path:
+    """Write ``path`` as ``kind`` by calling ``write(temporary_path)``, then rename it into place and record it.
+
+    ``write`` writes the whole file to the temporary path it is given (in ``path``'s folder). The destination is
+    checked first (:func:`check_destination`); a kill leaves the old file or the new one; a failure of the file system
+    is a :class:`DestinationError` naming ``path``, and the temporary file is removed. ``record=False``: a file that
+    is not linvit's product (e.g. the record itself). Returns ``path``.
+    """
+    path = Path(path)
+    check_destination(path, kind, force=force, force_option=force_option)
+    try:
+        if not path.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "no folder", str(path.parent))
+        _replace_atomically(path, write)
+        if record:
+            _update_record(path, kind)
+    except OSError as error:
+        raise _problem(path, error) from None
+    return path
+
+
+def remove_own_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files a killed :func:`write_file` left in ``folder`` (their names end in
+    :data:`TEMPORARY_SUFFIX`; nobody else's file is touched). Returns what was removed."""
+    removed = []
+    folder = Path(folder)
+    if folder.is_dir():
+        for leftover in folder.glob(f".*{TEMPORARY_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if leftover.is_file() and not leftover.is_symlink():
+                    leftover.unlink()
+                    removed.append(leftover)
+    return removed
