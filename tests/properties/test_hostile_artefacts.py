@@ -225,3 +225,66 @@ def test_no_file_beside_the_weights_can_widen_trust(real_artefacts, edits, comma
     outcome.check(names, sandbox, allowed_opens=[folder, image, sandbox / "out.pt2"])
     assert not marker.exists(), "code from the weights file ran"
     assert outcome.status not in (0, None), "a pickle that runs code was loaded"
+
+
+# ------------------------------------------------------------------------------------------------ train.py overrides
+TRAIN_KEYS = [
+    "trainer.max_epochs",
+    "trainer.precision",
+    "trainer.gradient_clip_val",
+    "seed",
+    "data.mean",
+    "data.std",
+    "data.img_size",
+    "data.batch_size",
+    "data.val_fraction",
+    "model.optimizer.lr",
+    "model.optimizer.weight_decay",
+    "model.label_smoothing",
+    "model.scheduler.warmup_epochs",
+    "model.ema.decay",
+    "model.model_kwargs.drop_path_rate",
+    "ckpt_path",
+    "trust_checkpoint",
+]
+FAST_RUN = ["data.img_size=32", "data.num_workers=0", "+trainer.fast_dev_run=1", "trainer.enable_progress_bar=false"]
+
+
+def _override_value(value) -> str:
+    """A value in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return {float("inf"): "inf", float("-inf"): "-inf"}.get(value, "nan" if value != value else repr(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"k{index}:{_override_value(item)}" for index, item in enumerate(value.values())) + "}"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+HOSTILE_OVERRIDE_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.sampled_from(["", "nan", "ten", "${oc.env:HOME}", "/dev/zero", "/dev/stdin"]),
+    ),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.just("k"), children, max_size=1)),
+    max_leaves=4,
+)
+
+
+@given(key=st.sampled_from(TRAIN_KEYS), value=HOSTILE_OVERRIDE_VALUES)
+@example(key="trainer.max_epochs", value=[1, 2])
+@example(key="data.mean", value=[float("nan")])
+@example(key="ckpt_path", value="/dev/zero")
+def test_a_hostile_training_option_is_named(real_artefacts, key, value):
+    sandbox = _sandbox(real_artefacts)
+    outcome = run_command(["train", f"{key}={_override_value(value)}", *FAST_RUN, f"paths.output_dir={sandbox / 'run'}"])
+    outcome.check([key], sandbox, allowed_opens=[sandbox / "run"])
