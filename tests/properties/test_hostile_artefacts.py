@@ -286,5 +286,7 @@ HOSTILE_OVERRIDE_VALUES = st.recursive(
 @example(key="ckpt_path", value="/dev/zero")
 def test_a_hostile_training_option_is_named(real_artefacts, key, value):
     sandbox = _sandbox(real_artefacts)
-    outcome = run_command(["train", f"{key}={_override_value(value)}", *FAST_RUN, f"paths.output_dir={sandbox / 'run'}"])
+    outcome = run_command(
+        ["train", f"{key}={_override_value(value)}", *FAST_RUN, f"paths.output_dir={sandbox / 'run'}"]
+    )
     outcome.check([key], sandbox, allowed_opens=[sandbox / "run"])
