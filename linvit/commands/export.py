@@ -172,7 +172,7 @@ def _model_from_name(args: argparse.Namespace):
     checkpoint = weights_path(args.checkpoint) if args.checkpoint is not None else None
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    side_config = read_side_config(checkpoint, args.trusted) if checkpoint else {}
+    side_config = read_side_config(checkpoint, args.model, args.trusted) if checkpoint else {}
     if args.num_classes is not None:
         if checkpoint is not None:
             raise ValueError("--num-classes applies without --checkpoint (a checkpoint's classifier sets it).")
