@@ -89,9 +89,7 @@ def constructor_arguments(model_cls: type) -> frozenset[str]:
             parameters = inspect.signature(init).parameters.values()
         except (TypeError, ValueError):
             break
-        names.update(
-            p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
-        )
+        names.update(p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             break
     return frozenset(names - NEVER_FROM_A_FILE)

@@ -198,15 +198,14 @@ def module_from_checkpoint(
     arguments that load files). Weights never come from anywhere but ``saved`` (no pretrained download, no backbone
     checkpoint file). ``datamodule``: the run's, whose class names label a segmentation run that recorded none.
     """
-    from linvit.utils.saved_config import check_classifier_hparams, check_model_arguments, check_targets
+    from linvit.utils.saved_config import check_classifier_hparams, check_segmenter_hparams
 
     hparams = dict(saved.get("hyper_parameters") or {})
     if current_target(model_target) == _SEGMENTER:
         from linvit.train.modules.segmentation import SegmentationModule
 
         if not trusted:
-            check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
-            check_model_arguments(str(hparams.get("backbone")), hparams.get("backbone_kwargs"), source, opt_in)
+            check_segmenter_hparams(hparams, source, opt_in)
         names = hparams.get("class_names") or getattr(datamodule, "class_names", None)
         module = SegmentationModule(**{**hparams, "pretrained": False, "checkpoint": None, "class_names": names})
     else:
