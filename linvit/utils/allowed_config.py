@@ -78,8 +78,9 @@ def _refusal(source: str | Path, what: str, opt_in: str) -> UntrustedConfigError
     )
 
 
-def constructor_arguments(model_cls: type) -> frozenset[str]:
-    """The named parameters of ``model_cls.__init__``, and of its bases' while each passes ``**kwargs`` on."""
+def constructor_arguments(model_cls: type, exclude: frozenset[str] = NEVER_FROM_A_FILE) -> frozenset[str]:
+    """The named parameters of ``model_cls.__init__``, and of its bases' while each passes ``**kwargs`` on, less
+    ``exclude`` (default: those no file may set for a model)."""
     names: set[str] = set()
     for cls in model_cls.__mro__:
         init = cls.__dict__.get("__init__")
@@ -92,7 +93,7 @@ def constructor_arguments(model_cls: type) -> frozenset[str]:
         names.update(p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             break
-    return frozenset(names - NEVER_FROM_A_FILE)
+    return frozenset(names - exclude)
 
 
 @functools.lru_cache(maxsize=64)

@@ -165,7 +165,7 @@ def _check_hparam_keys(hparams: Mapping[str, Any], module_cls: type, source: str
     """Only the LightningModule's own constructor arguments (what ``save_hyperparameters`` records)."""
     from linvit.utils.allowed_config import constructor_arguments
 
-    allowed = constructor_arguments(module_cls) | {"pretrained"}  # the caller overrides it: weights come from the file
+    allowed = constructor_arguments(module_cls, exclude=frozenset())  # its `pretrained`: the caller sets it False
     for key in hparams:
         if key not in allowed:
             raise _refusal(source, f"hyper_parameters.{key} (not an argument of {module_cls.__name__})", opt_in)

@@ -104,6 +104,14 @@ def load_run_config(path: str | Path, trusted: bool = False) -> dict[str, Any]:
         check_special_keys(config, path)
     check_config_types(config, source=path)
     config = _with_current_targets(config)
+    if not trusted:  # the sections eval builds: one of linvit's classes each, with its own arguments only
+        from linvit.utils.saved_config import check_targets
+
+        for section, allowed in _sections_built().items():
+            node = config.get(section)
+            if isinstance(node, dict) and "_target_" in node:
+                check_targets(node, path, prefix=section, allowed=allowed)
+                _check_arguments(node, path, "--trusted", section)
     data = config.get("data")
     if isinstance(data, dict):
         for key, value in _OPTIONS_OF_OLDER_RUNS.get(str(data.get("_target_")), {}).items():
@@ -115,6 +123,12 @@ def load_run_config(path: str | Path, trusted: bool = False) -> dict[str, Any]:
 _SECTIONS_OF_OBJECTS = ("callbacks", "logger")
 # the sections linvit eval builds, through check_targets (which refuses and names a _target_ below their top)
 _SECTIONS_BUILT = ("data", "model")
+
+
+def _sections_built() -> dict[str, frozenset[str]]:
+    from linvit.utils.saved_config import TRUSTED_DATAMODULES, TRUSTED_MODELS
+
+    return {"data": TRUSTED_DATAMODULES, "model": TRUSTED_MODELS}
 
 
 def check_special_keys(config: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
@@ -245,7 +259,7 @@ def _check_arguments(config: Mapping[str, Any], source: str | Path, opt_in: str,
     if "_target_" not in config:
         return
     target = _locate(str(config["_target_"]))
-    known = constructor_arguments(target) | set(_SPECIAL_KEYS)
+    known = constructor_arguments(target, exclude=frozenset()) | set(_SPECIAL_KEYS)
     for key in config:
         if key not in known:
             where = f"{prefix}.{key}" if prefix else str(key)
