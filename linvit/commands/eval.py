@@ -66,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if not config_path.is_file():
         sys.stderr.write(f"linvit eval: {config_path} not found: the run directory's resolved config is needed.\n")
         return 2
-    config = load_run_config(config_path)
+    try:  # bounded, plain YAML; no Hydra special keys (unless --trusted); every value of its type
+        config = load_run_config(config_path, trusted=args.trusted)
+    except ValueError as error:
+        sys.stderr.write(f"linvit eval: {error}\n")
+        return 1
     data_cfg = config.get("data") or {}
     for item in args.data:
         key, sep, value = item.partition("=")

@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
             return _export_weights(args)
         try:
             return _export_graph(args)
+        except RunConfigRefused as error:
+            sys.stderr.write(f"linvit export: {error}\n")
+            return 1
         except (ValueError, FileNotFoundError, ImportError) as error:
             sys.stderr.write(f"linvit export: {error}\n")
             return 2
@@ -109,6 +112,10 @@ def _export_weights(args: argparse.Namespace) -> int:
         checkpoint = find_checkpoint(args.run, which)
     except FileNotFoundError as error:
         return _fail(str(error))
+    refusal = check_run_config(checkpoint, args.trusted)
+    if refusal is not None:
+        sys.stderr.write(f"linvit export: {refusal}\n")
+        return 1
     out = args.out
     if out is None:
         out = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
@@ -122,6 +129,28 @@ def _export_weights(args: argparse.Namespace) -> int:
         f"load: {load_snippet(weights.parent)}\n"
     )
     return 0
+
+
+class RunConfigRefused(Exception):
+    """The run's config.yaml was refused (exit status 1, as ``linvit eval`` does)."""
+
+
+def check_run_config(checkpoint: Path, trusted: bool) -> str | None:
+    """The one-line refusal of the run's ``config.yaml`` beside ``checkpoint`` (see
+    :func:`linvit.train.runs.saved_run.load_run_config`), or None when it passes or the run has none. The weights
+    come from the checkpoint, but a run whose config is refused is not exported: it is the same run ``linvit eval``
+    refuses."""
+    from linvit.train.runs.saved_run import load_run_config
+
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    config = run_dir / "config.yaml"
+    if not (config.exists() or config.is_symlink()):
+        return None
+    try:
+        load_run_config(config, trusted=trusted)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _export_graph(args: argparse.Namespace) -> int:
@@ -172,7 +201,7 @@ def _model_from_name(args: argparse.Namespace):
     checkpoint = weights_path(args.checkpoint) if args.checkpoint is not None else None
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    side_config = read_side_config(checkpoint, args.trusted) if checkpoint else {}
+    side_config = read_side_config(checkpoint, args.model, args.trusted) if checkpoint else {}
     if args.num_classes is not None:
         if checkpoint is not None:
             raise ValueError("--num-classes applies without --checkpoint (a checkpoint's classifier sets it).")
@@ -199,6 +228,9 @@ def _model_from_run(args: argparse.Namespace):
     if which not in ("best", "last"):
         raise ValueError(f"--checkpoint with a run is best or last, got {which!r} (a weights file goes with --model).")
     checkpoint_path = find_checkpoint(args.run, which)
+    refusal = check_run_config(checkpoint_path, args.trusted)
+    if refusal is not None:
+        raise RunConfigRefused(refusal)
     checkpoint = load_checkpoint(checkpoint_path, trusted=args.trusted, opt_in="--trusted")
     if not args.trusted:
         check_classifier_hparams(checkpoint.get("hyper_parameters") or {}, checkpoint_path, "--trusted")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,32 +58,33 @@ def weights_path(checkpoint: str | Path) -> str:
     return str(weights)
 
 
-def read_side_config(checkpoint: str | Path, trusted: bool = False) -> dict[str, Any]:
+def read_side_config(checkpoint: str | Path, model_name: str, trusted: bool = False) -> dict[str, Any]:
     """``config.json`` beside the weights (timm hub format); else the creation arguments ``linvit convert`` recorded
     in a safetensors file's metadata (``model_args``: the training size and options of a converted checkpoint), as
     ``{"model_args": ...}``; else {}.
 
-    The model arguments go to ``timm.create_model``: unless ``trusted``, arguments that load files or weights and
-    any ``_target_`` are refused (see :mod:`linvit.utils.saved_config`).
+    Either is read within bounds (:mod:`linvit.io.bounded`: size, nesting, a regular file, plain JSON) and, unless
+    ``trusted``, through the allow-list of :mod:`linvit.utils.allowed_config`: the keys timm writes in a
+    ``config.json`` and, as model arguments, only plain creation arguments of ``model_name``'s class (nothing that
+    loads files, trusts them or names another file). Anything else raises
+    :class:`~linvit.utils.saved_config.UntrustedConfigError` naming the file and the key.
     """
-    from linvit.utils.saved_config import check_model_arguments
+    from linvit.io.bounded import read_json
+    from linvit.utils.allowed_config import check_model_args, check_side_config
 
     path = Path(checkpoint).with_name("config.json")
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):  # a FIFO, a folder or a dangling link is named by read_json
         model_args = _recorded_model_args(checkpoint)
         if model_args is None:
             return {}
         if not trusted:
-            check_model_arguments(None, model_args, checkpoint)
+            check_model_args(model_name, model_args, checkpoint)
         return {"model_args": model_args}
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); fix or remove it") from error
+    config = read_json(path, what="config.json")
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds a {type(config).__name__}, not timm's config object; fix or remove it")
     if not trusted:
-        check_model_arguments(None, config.get("model_args"), path)
+        check_side_config(config, model_name, path)
     return config
 
 
@@ -102,15 +102,12 @@ def _safetensors_metadata(checkpoint: str | Path) -> dict[str, str]:
 
 def _recorded_model_args(checkpoint: str | Path) -> dict[str, Any] | None:
     """The ``model_args`` JSON object of a safetensors file's metadata (written by ``linvit convert``), or None."""
+    from linvit.io.bounded import parse_json
+
     text = _safetensors_metadata(checkpoint).get("model_args")
     if text is None:
         return None
-    try:
-        model_args = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{checkpoint}: its metadata's model_args is not valid JSON ({error}); re-convert it"
-        ) from error
+    model_args = parse_json(text, f"'{checkpoint}': its metadata's model_args")
     if not isinstance(model_args, dict):
         raise ValueError(f"{checkpoint}: its metadata's model_args is a {type(model_args).__name__}, not an object")
     return model_args
@@ -118,13 +115,17 @@ def _recorded_model_args(checkpoint: str | Path) -> dict[str, Any] | None:
 
 def read_safetensors_labels(checkpoint: str | Path) -> list[str] | None:
     """Label names stored in a safetensors file's metadata (``label_names`` or ``class_names``, a JSON list)."""
+    from linvit.io.bounded import MAX_CONFIG_BYTES, UntrustedFileError, parse_json
+
     metadata = _safetensors_metadata(checkpoint)
     for key in _LABEL_KEYS:
         if key in metadata:
             try:
-                names = json.loads(metadata[key])
-            except json.JSONDecodeError:
-                names = metadata[key].split("\n")
+                names = parse_json(metadata[key], f"'{checkpoint}': its metadata's {key}")
+            except UntrustedFileError:  # not JSON: one name a line (bounded as well)
+                names = metadata[key][:MAX_CONFIG_BYTES].split("\n")
+            if not isinstance(names, list) or not all(isinstance(n, (str, int)) for n in names):
+                raise ValueError(f"{checkpoint}: its metadata's {key} is not a list of names")
             return [str(n) for n in names]
     return None
 
@@ -255,7 +256,7 @@ def predict(
         checkpoint = weights_path(checkpoint)
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    side_config = read_side_config(checkpoint, trusted) if checkpoint else {}
+    side_config = read_side_config(checkpoint, model_name, trusted) if checkpoint else {}
     try:
         with allow_non_finite_weights(allow_non_finite, opt_out="--allow-non-finite"):
             model = build_model(model_name, checkpoint, side_config).to(device).eval()

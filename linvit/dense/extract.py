@@ -173,10 +173,12 @@ def load_features(path: str | os.PathLike) -> tuple[dict[str, list[Tensor]], dic
         for key in handle.keys():  # noqa: SIM118  (safe_open is not a dict)
             stem, level = key.rsplit("/level", 1)
             grouped.setdefault(stem, {})[int(level)] = handle.get_tensor(key)
+    from linvit.io.bounded import UntrustedFileError, parse_json
+
     metadata: dict[str, object] = {}
-    for key, value in raw_metadata.items():
+    for key, value in raw_metadata.items():  # bounded in size and nesting; plain data only; else the text itself
         try:
-            metadata[key] = json.loads(value)
-        except json.JSONDecodeError:
+            metadata[key] = parse_json(value, f"'{path}': its metadata's {key}")
+        except UntrustedFileError:
             metadata[key] = value
     return {stem: [levels[i] for i in sorted(levels)] for stem, levels in grouped.items()}, metadata

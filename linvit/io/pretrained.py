@@ -186,6 +186,7 @@ def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, 
     """
     from timm.models import build_model_with_cfg
 
+    _check_arguments_from_a_file(model_cls, kwargs)
     trusted = kwargs.pop("trusted", False)
     allow_non_finite = kwargs.pop("allow_non_finite", None)
     for name, value in (("trusted", trusted), ("allow_non_finite", allow_non_finite)):
@@ -197,3 +198,28 @@ def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, 
             return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
     finally:
         _TRUSTED_LOAD.reset(token)
+
+
+def _check_arguments_from_a_file(model_cls: type, kwargs: Mapping[str, Any]) -> None:
+    """Refuse creation arguments that a ``local-dir:`` folder's or a hub repo's ``config.json`` added.
+
+    timm merges that file's ``model_args`` into the caller's kwargs and also passes them as ``pretrained_model_args``:
+    each must be a plain creation argument of ``model_cls`` (see :mod:`linvit.utils.allowed_config`), so the file
+    cannot turn on ``trusted`` or ``allow_non_finite`` nor name other files. A caller who writes ``trusted=True``
+    lifts the check, unless the file itself says ``trusted``.
+    """
+    from_file = kwargs.get("pretrained_model_args")
+    if not from_file:
+        return
+    if kwargs.get("trusted") is True and "trusted" not in from_file:
+        return
+    from linvit.utils.allowed_config import check_model_args
+
+    check_model_args(model_cls, from_file, _config_source(kwargs.get("pretrained_cfg")), opt_in="trusted=True")
+
+
+def _config_source(pretrained_cfg: Any) -> str:
+    """The ``config.json`` timm read the model's arguments from, for messages."""
+    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
+    where = cfg.get("file") or cfg.get("hf_hub_id")
+    return f"{str(where).rstrip('/')}/config.json" if where else "config.json"

@@ -126,7 +126,7 @@ def test_model_args_recorded_by_convert_build_the_model(tmp_path, image):
     model = timm.create_model("flatten_pvt_v2_b0", img_size=256, num_classes=7).eval()
     weights = tmp_path / "converted.safetensors"
     save_file(model.state_dict(), str(weights), metadata={"model_args": json.dumps({"img_size": 256})})
-    assert read_side_config(weights) == {"model_args": {"img_size": 256}}
+    assert read_side_config(weights, "flatten_pvt_v2_b0") == {"model_args": {"img_size": 256}}
     cfg = timm.data.resolve_data_config(model=model)
     with Image.open(image) as img:
         x = timm.data.create_transform(**cfg)(img.convert("RGB")).unsqueeze(0)
@@ -140,5 +140,5 @@ def test_model_args_recorded_by_convert_build_the_model(tmp_path, image):
     overlay = {"pretrained_cfg_overlay": {"file": "other.pth"}}
     save_file(model.state_dict(), str(loading), metadata={"model_args": json.dumps(overlay)})
     with pytest.raises(UntrustedConfigError):
-        read_side_config(loading)
-    assert read_side_config(loading, trusted=True) == {"model_args": overlay}
+        read_side_config(loading, "flatten_pvt_v2_b0")
+    assert read_side_config(loading, "flatten_pvt_v2_b0", trusted=True) == {"model_args": overlay}

@@ -59,14 +59,14 @@ def test_a_model_num_classes_that_disagrees_with_the_data_fails_before_training(
 # -- values of the wrong type: one typed check of the whole composed config, before anything starts ---------------
 WRONG_TYPES = [
     ("trainer.max_epochs=ten", "trainer.max_epochs='ten' (str) must be an integer"),
-    ("model.optimizer.lr=abc", "model.optimizer.lr='abc' (str) must be a number"),
-    ("model.optimizer.lr=null", "model.optimizer.lr=null must be a number"),
-    ("model.optimizer.weight_decay=abc", "model.optimizer.weight_decay='abc' (str) must be a number"),
-    ("model.ema.decay=abc", "model.ema.decay='abc' (str) must be a number"),
+    ("model.optimizer.lr=abc", "model.optimizer.lr='abc' (str) must be a finite number"),
+    ("model.optimizer.lr=null", "model.optimizer.lr=null must be a finite number"),
+    ("model.optimizer.weight_decay=abc", "model.optimizer.weight_decay='abc' (str) must be a finite number"),
+    ("model.ema.decay=abc", "model.ema.decay='abc' (str) must be a finite number"),
     ("seed=abc", "seed='abc' (str) must be an integer or null"),
-    ("model.label_smoothing=abc", "model.label_smoothing='abc' (str) must be a number"),
-    ("model.scheduler.warmup_epochs=abc", "model.scheduler.warmup_epochs='abc' (str) must be a number"),
-    ("model.model_kwargs.drop_path_rate=abc", "model.model_kwargs.drop_path_rate='abc' (str) must be a number"),
+    ("model.label_smoothing=abc", "model.label_smoothing='abc' (str) must be a finite number"),
+    ("model.scheduler.warmup_epochs=abc", "model.scheduler.warmup_epochs='abc' (str) must be a finite number"),
+    ("model.model_kwargs.drop_path_rate=abc", "model.model_kwargs.drop_path_rate='abc' (str) must be a finite number"),
     ("model.ema.enabled=1", "model.ema.enabled=1 (int) must be true or false"),
 ]
 

@@ -39,14 +39,15 @@ def _run_dir(tmp_path: Path, data: dict, hparams: dict | None = None) -> Path:
 
 
 def _open_for_writing(target: Path) -> dict:
-    """A config node that Hydra would turn into ``open(target, "w")``: creates the file."""
-    return {"_target_": "builtins.open", "_args_": [str(target), "w"]}
+    """A config node that Hydra would turn into ``open(target, "w")``: creates the file. (Its arguments are keywords:
+    ``_args_`` is itself refused when a run's config.yaml is read, see test_trust_configs.py.)"""
+    return {"_target_": "builtins.open", "file": str(target), "mode": "w"}
 
 
 def test_eval_refuses_a_data_target_outside_the_allow_list(tmp_path, capsys):
     victim = tmp_path / "written_by_the_config"
     run = _run_dir(tmp_path, _open_for_writing(victim))
-    assert linvit_main(["eval", str(run), "--accelerator", "cpu"]) == 2
+    assert linvit_main(["eval", str(run), "--accelerator", "cpu"]) == 1  # refused as config.yaml is read back
     err = capsys.readouterr().err
     assert "data._target_='builtins.open'" in err and "--trusted" in err and str(run / "config.yaml") in err
     assert not victim.exists()
@@ -62,9 +63,9 @@ def test_eval_with_trusted_builds_what_the_config_names(tmp_path):
 
 def test_eval_refuses_a_nested_target_inside_an_allowed_datamodule(tmp_path, capsys):
     victim = tmp_path / "written_by_the_config"
-    data = {"_target_": "linvit.train.data.datamodules.DigitsDataModule", "mean": _open_for_writing(victim)}
-    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
-    assert "data.mean._target_" in capsys.readouterr().err
+    data = {"_target_": "linvit.train.data.datamodules.DigitsDataModule", "extra": _open_for_writing(victim)}
+    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 1
+    assert "data.extra._target_" in capsys.readouterr().err
     assert not victim.exists()
 
 
@@ -102,17 +103,17 @@ def test_eval_builds_only_the_top_level_datamodule_not_an_allowed_class_below_it
     monkeypatch.setattr(torch, "load", lambda *a, **k: opened.append(a) or {})
     data = {
         "_target_": "linvit.train.data.datamodules.DigitsDataModule",
-        "mean": _allowed_class_that_opens(victim, which),
+        "extra": _allowed_class_that_opens(victim, which),
     }
-    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
+    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert "data.mean._target_" in err and "--trusted" in err, err
+    assert "data.extra._target_" in err and "--trusted" in err, err
     assert not opened
 
 
 def test_eval_refuses_a_model_class_as_the_datamodule(tmp_path, capsys):
     data = _allowed_class_that_opens(tmp_path / "victim.pth", "classifier_pretrained_file")
-    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 2
+    assert linvit_main(["eval", str(_run_dir(tmp_path, data)), "--accelerator", "cpu"]) == 1
     assert "data._target_='linvit.train.modules.classification.ImageClassifier'" in capsys.readouterr().err
 
 

@@ -10,8 +10,10 @@ wanted. (Ranges and data options are their owners' to check: the DataModules nam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CONFIG_TYPES", "ConfigTypeError", "Wanted", "check_config_types"]
@@ -37,13 +39,32 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN and infinities make no sense as a rate, a size, a count or a statistic."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers(low: int, high: int, each: Callable[[Any], bool] = _is_number) -> Callable[[Any], bool]:
+    """A list of ``low`` to ``high`` values that each pass ``each``."""
+    return lambda value: isinstance(value, list) and low <= len(value) <= high and all(map(each, value))
 
 
 INTEGER = Wanted("an integer", _is_int)
-NUMBER = Wanted("a number", _is_number)
+NUMBER = Wanted("a finite number", _is_number)
 SWITCH = Wanted("true or false", lambda value: isinstance(value, bool))
 INTEGER_OR_FRACTION = Wanted("an integer (batches) or a number in [0, 1] (a fraction)", _is_number)
+TEXT = Wanted("a text", lambda value: isinstance(value, str))
+CHANNEL_MEANS = Wanted("a list of 1 to 4 finite numbers (one, or one per channel)", _numbers(1, 4))
+CHANNEL_STDS = Wanted(
+    "a list of 1 to 4 finite numbers above 0 (one, or one per channel)",
+    _numbers(1, 4, lambda value: _is_number(value) and value > 0),
+)
+RANGE = Wanted("a list of two finite numbers", _numbers(2, 2))
+IMAGE_SIZE = Wanted(
+    "auto, an integer or a list of two integers (height, width)",
+    lambda value: value == "auto" or _is_int(value) or _numbers(2, 2, _is_int)(value),
+)
+WORKERS = Wanted("auto or an integer", lambda value: value == "auto" or _is_int(value))
+NUMBER_OR_SWITCH = Wanted("a finite number or true/false", lambda value: isinstance(value, bool) or _is_number(value))
 
 _DROP_RATES = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate")
 _MODEL_KWARGS = ("model.model_kwargs", "model.backbone_kwargs")
@@ -105,6 +126,34 @@ CONFIG_TYPES: dict[str, Wanted] = {
     **{f"{kwargs}.{rate}": NUMBER for kwargs in _MODEL_KWARGS for rate in _DROP_RATES},
     **{f"{kwargs}.in_chans": INTEGER for kwargs in _MODEL_KWARGS},
     **{f"{kwargs}.num_classes": INTEGER for kwargs in _MODEL_KWARGS},
+    # the DataModules (their own checks name ranges: a batch size of 0, a fraction above 1)
+    "data.num_classes": INTEGER,
+    "data.in_chans": INTEGER,
+    "data.img_size": IMAGE_SIZE.or_null(),
+    "data.batch_size": INTEGER,
+    "data.eval_batch_size": INTEGER.or_null(),
+    "data.num_workers": WORKERS,
+    "data.pin_memory": SWITCH,
+    "data.persistent_workers": SWITCH,
+    "data.drop_last": SWITCH,
+    "data.download": SWITCH,
+    "data.augment": SWITCH,
+    "data.check": SWITCH,
+    "data.seed": INTEGER.or_null(),
+    "data.split_seed": INTEGER,
+    "data.val_size": INTEGER,
+    "data.val_fraction": NUMBER,
+    "data.test_fraction": NUMBER,
+    "data.re_prob": NUMBER,
+    "data.color_jitter": NUMBER.or_null(),
+    "data.hflip": NUMBER_OR_SWITCH,
+    "data.crop_pct": NUMBER.or_null(),
+    "data.scale": RANGE,
+    "data.scale_range": RANGE,
+    "data.mean": CHANNEL_MEANS,
+    "data.std": CHANNEL_STDS,
+    "data.root": TEXT.or_null(),
+    "data.data_dir": TEXT.or_null(),
 }
 """Dotted config key -> the type its value must have (keys a config does not hold are not checked)."""
 
@@ -115,25 +164,47 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def check_config_types(cfg: Any, types: dict[str, Wanted] | None = None) -> None:
-    """Raise :class:`ConfigTypeError` for the values of ``cfg`` (a composed OmegaConf config) whose type is not the
-    one :data:`CONFIG_TYPES` (or ``types``) wants, naming each key, its value and the type wanted (one line)."""
+def _select_plain(config: Mapping[str, Any], key: str) -> Any:
+    """``config[a][b]`` for ``key="a.b"`` in plain containers (no interpolation is resolved), else _ABSENT."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _select(cfg: Any, key: str) -> Any:
+    """The value at ``key`` as plain data (lists as lists), _ABSENT when the config does not hold it (or holds an
+    interpolation that does not resolve: the config's own error says more)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if not OmegaConf.is_config(cfg):
+        return _select_plain(cfg, key)
+    try:
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except OmegaConfBaseException:
+        return _ABSENT
+
+
+def check_config_types(cfg: Any, types: dict[str, Wanted] | None = None, source: str | Path | None = None) -> None:
+    """Raise :class:`ConfigTypeError` for the values of ``cfg`` (a composed OmegaConf config, or the plain dict of a
+    saved run's ``config.yaml`` read from ``source``) whose type is not the one :data:`CONFIG_TYPES` (or ``types``)
+    wants, naming each key, its value and the type wanted (one line). A list where a number is wanted, a number
+    where a list is wanted and NaN/Inf where a number is wanted are all of the wrong type. A mapping is wrong
+    wherever a value is wanted."""
     wrong = []
     for key, wanted in (CONFIG_TYPES if types is None else types).items():
-        try:
-            value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
-        except OmegaConfBaseException:  # an interpolation that does not resolve: the config's own error says more
-            continue
-        if value is _ABSENT or OmegaConf.is_config(value) or wanted.accepts(value):
+        value = _select(cfg, key)
+        if value is _ABSENT or wanted.accepts(value):
             continue
         wrong.append(f"{key}={_describe(value)} must be {wanted.name}")
     if wrong:
-        raise ConfigTypeError(
-            f"Config value of the wrong type: {'; '.join(wrong)}. Fix the override or the config file that sets it."
-        )
+        where = f" in '{source}'" if source is not None else ""
+        fix = "Fix that file." if source is not None else "Fix the override or the config file that sets it."
+        raise ConfigTypeError(f"Config value of the wrong type{where}: {'; '.join(wrong)}. {fix}")
 
 
 _ABSENT = object()

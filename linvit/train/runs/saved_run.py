@@ -84,24 +84,91 @@ def _with_current_targets(node: Any) -> Any:
     return node
 
 
-def load_run_config(path: str | Path) -> dict[str, Any]:
+def load_run_config(path: str | Path, trusted: bool = False) -> dict[str, Any]:
     """A run directory's ``config.yaml`` (written resolved) as plain dicts and lists, with renamed targets updated
-    and the options of older runs filled in."""
-    import yaml
+    and the options of older runs filled in.
+
+    The file is read within bounds (:func:`linvit.io.bounded.read_yaml`: a regular file, its size and nesting, no
+    YAML tags or aliases, no keys with white space around them) and its values are checked against their types
+    (:func:`linvit.train.runs.config_types.check_config_types`). Unless ``trusted``, Hydra's special keys are
+    refused (:func:`check_special_keys`). Every refusal is a ValueError of one line naming the file and the key.
+    """
+    from linvit.io.bounded import read_yaml
+    from linvit.train.runs.config_types import check_config_types
 
     path = Path(path)
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path} is not valid YAML ({error}); it should be the config.yaml a run wrote.") from None
+    config = read_yaml(path, what="run config")
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds {type(config).__name__}, expected the mapping of a run's config.yaml.")
+    if not trusted:
+        check_special_keys(config, path)
+    check_config_types(config, source=path)
     config = _with_current_targets(config)
+    if not trusted:  # the sections eval builds: one of linvit's classes each, with its own arguments only
+        from linvit.utils.saved_config import check_targets
+
+        for section, allowed in _sections_built().items():
+            node = config.get(section)
+            if isinstance(node, dict) and "_target_" in node:
+                check_targets(node, path, prefix=section, allowed=allowed)
+                _check_arguments(node, path, "--trusted", section)
     data = config.get("data")
     if isinstance(data, dict):
         for key, value in _OPTIONS_OF_OLDER_RUNS.get(str(data.get("_target_")), {}).items():
             data.setdefault(key, value)
     return config
+
+
+# the sections of a run's config.yaml whose entries are objects (each with its own top-level _target_)
+_SECTIONS_OF_OBJECTS = ("callbacks", "logger")
+# the sections linvit eval builds, through check_targets (which refuses and names a _target_ below their top)
+_SECTIONS_BUILT = ("data", "model")
+
+
+def _sections_built() -> dict[str, frozenset[str]]:
+    from linvit.utils.saved_config import TRUSTED_DATAMODULES, TRUSTED_MODELS
+
+    return {"data": TRUSTED_DATAMODULES, "model": TRUSTED_MODELS}
+
+
+def check_special_keys(config: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
+    """Refuse Hydra's special keys in a saved run's config, except those a run writes: a ``_target_`` at the top of
+    a section (``data``, ``model``, ``trainer``) or of an entry of ``callbacks`` / ``logger`` (its class is checked
+    when it is built), and ``_convert_: all`` at the top of a section. ``_partial_``, ``_recursive_``, ``_args_``
+    and any other ``_name_`` key anywhere are refused, naming the file and the key. A ``_target_`` deeper down is
+    left to :func:`linvit.utils.saved_config.check_targets`, which refuses it when the section is built."""
+    from linvit.utils.saved_config import UntrustedConfigError
+
+    def refuse(where: str, value: Any) -> UntrustedConfigError:
+        shown = repr(value) if not isinstance(value, (dict, list)) else f"a {type(value).__name__}"
+        return UntrustedConfigError(
+            f"Refusing {where}={shown} from '{source}': a run's config.yaml holds no Hydra special keys but the "
+            f"_target_ of each section, and nothing from it was run. If you trust this run, pass {opt_in}."
+        )
+
+    def allowed(key: str, value: Any, depth: int, section: str) -> bool:
+        if key == "_convert_":
+            return depth == 1 and value == "all"
+        if key != "_target_":
+            return False
+        # a section's own class, an entry of callbacks/logger; below data/model check_targets names it when built
+        return depth == 1 or (depth == 2 and section in _SECTIONS_OF_OBJECTS) or section in _SECTIONS_BUILT
+
+    def walk(node: Any, where: str, depth: int, section: str) -> None:
+        if isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, f"{where}[{index}]", depth + 1, section)
+            return
+        if not isinstance(node, Mapping):
+            return
+        for key, value in node.items():
+            dotted = f"{where}.{key}" if where else str(key)
+            special = isinstance(key, str) and re.fullmatch(r"_\w*_", key)
+            if special and not allowed(key, value, depth, section):
+                raise refuse(dotted, value)
+            walk(value, dotted, depth + 1, section or str(key))
+
+    walk(config, "", 0, "")
 
 
 _SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
@@ -179,7 +246,27 @@ def build_from_config(
     if not trusted:
         allowed = TRUSTED_TARGETS if allowed is None else allowed
         check_targets(config, source, opt_in=opt_in, prefix=prefix, allowed=allowed)
+        _check_arguments(config, source, opt_in, prefix)
     return _build(config)
+
+
+def _check_arguments(config: Mapping[str, Any], source: str | Path, opt_in: str, prefix: str) -> None:
+    """The keys of an allow-listed class's node are its constructor's own arguments (an unknown one would end in a
+    TypeError deep inside the build), naming the first other one."""
+    from linvit.utils.allowed_config import constructor_arguments
+    from linvit.utils.saved_config import UntrustedConfigError
+
+    if "_target_" not in config:
+        return
+    target = _locate(str(config["_target_"]))
+    known = constructor_arguments(target, exclude=frozenset()) | set(_SPECIAL_KEYS)
+    for key in config:
+        if key not in known:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise UntrustedConfigError(
+                f"Refusing {where} from '{source}': {target.__name__} takes no argument {key!r}. Remove it from the "
+                f"file, or pass {opt_in} if you trust this run."
+            )
 
 
 def module_from_checkpoint(
@@ -198,15 +285,14 @@ def module_from_checkpoint(
     arguments that load files). Weights never come from anywhere but ``saved`` (no pretrained download, no backbone
     checkpoint file). ``datamodule``: the run's, whose class names label a segmentation run that recorded none.
     """
-    from linvit.utils.saved_config import check_classifier_hparams, check_model_arguments, check_targets
+    from linvit.utils.saved_config import check_classifier_hparams, check_segmenter_hparams
 
     hparams = dict(saved.get("hyper_parameters") or {})
     if current_target(model_target) == _SEGMENTER:
         from linvit.train.modules.segmentation import SegmentationModule
 
         if not trusted:
-            check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
-            check_model_arguments(str(hparams.get("backbone")), hparams.get("backbone_kwargs"), source, opt_in)
+            check_segmenter_hparams(hparams, source, opt_in)
         names = hparams.get("class_names") or getattr(datamodule, "class_names", None)
         module = SegmentationModule(**{**hparams, "pretrained": False, "checkpoint": None, "class_names": names})
     else:
