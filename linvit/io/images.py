@@ -170,6 +170,10 @@ def open_image(path: str | os.PathLike, limits: ImageLimits | None = None) -> It
 
 
 def _reason(error: BaseException) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(error, UnidentifiedImageError):  # its message names the open handle, not the file
+        return "not an image Pillow can identify (UnidentifiedImageError)"
     line = str(error).strip().split("\n")[0]
     line = line if len(line) <= 200 else line[:200] + "..."
     return f"{type(error).__name__}: {line}" if line else type(error).__name__

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 
 class FolderLayoutError(ValueError):
-    """The folder tree cannot be read as one label per class folder (a symlink loop, a class reached twice)."""
+    """The folder tree cannot be read as one label per class folder (a symlink loop, a class reached twice), or holds
+    fewer than the two classes a classifier needs."""
 
 
 @dataclass

@@ -149,6 +149,11 @@ class ImageFolderDataModule(TimmTransformDataModule):
         super().__init__(num_classes=num_classes, img_size=1 if auto else img_size, **kwargs)
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
+        if self.num_classes < 2:  # torchmetrics would fail deep inside the model's construction
+            raise FolderLayoutError(
+                f"data.num_classes={self.num_classes}: classification needs at least two classes, one folder each "
+                f"under {root}/train. Add a folder per class and set data.num_classes to their number."
+            )
         self.img_size_is_auto = auto  # until choose_img_size() has run
         self.bad_files = bad_files
         self.image_limits = data_image_limits(max_pixels, max_aspect)
