@@ -393,3 +393,22 @@ def test_train_py_finishes_with_a_fifo_in_the_data_and_refuses_one_class(image_r
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
         assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
         assert "Traceback" not in result.stderr
+
+
+# -- segmentation data reads through the same loader ----------------------------------------------------------------
+def test_segmentation_pairs_refuse_a_fifo_and_a_bomb_naming_them(tmp_path):
+    from linvit.dense.seg_folder import SegmentationFolder
+
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    images.mkdir()
+    masks.mkdir()
+    for stem in ("a", "b"):
+        Image.new("L", (8, 6)).save(masks / f"{stem}.png")
+    (images / "b.png").write_bytes(_png(20_000, 20_000))
+    with fifo_watch(images / "a.png") as opened:
+        folder = SegmentationFolder(images, masks, num_classes=2)
+        with pytest.raises(ImageInputError, match=r"a\.png' is a FIFO"):
+            folder[0]
+        with pytest.raises(ImageInputError, match=r"b\.png' is too large to decode.*data\.max_pixels"):
+            folder[1]
+    assert opened == []
