@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from linvit.commands._image_limits import add_image_limit_arguments, image_limits
+
 HELP = (
     "Check an ImageFolder dataset before training: images per class and split, unreadable files, images in two "
     "splits or classes, symlinks, sizes and modes (exit status 1 on problems)."
@@ -16,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="threads decoding images (default: the cores available, up to 8)"
     )
+    add_image_limit_arguments(parser, "data.max_pixels / data.max_aspect in training")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,11 +32,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --workers must be at least 1, got {workers}", file=sys.stderr)
         return 2
 
+    try:
+        limits = image_limits(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
     def progress(stream, total):
         return tqdm(stream, total=total, desc="decoding", unit="image", disable=not sys.stderr.isatty())
 
     try:
-        report = check_image_folder(args.root, workers=workers, progress=progress)
+        report = check_image_folder(args.root, workers=workers, progress=progress, limits=limits)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from linvit.commands._image_limits import add_image_limit_arguments, image_limits
+
 HELP = "Extract multi-scale backbone features of images (any size) to safetensors, with PCA-colour PNGs."
 
 
@@ -28,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad-to-stride", action="store_true", help="pad inputs to a multiple of the largest stride")
     parser.add_argument("--no-png", action="store_true", help="do not write the PCA PNGs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_image_limit_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         size = parse_size(args.size)
         check_model_name(args.model)
         out_indices = [int(i) for i in args.out_indices.split(",")] if args.out_indices else None
-        images = [load_image(source) for source in args.images]
+        limits = image_limits(args)
+        images = [load_image(source, limits) for source in args.images]
         backbone = create_feature_backbone(
             args.model, checkpoint=args.checkpoint, out_indices=out_indices, pad_to_stride=args.pad_to_stride
         )

@@ -7,13 +7,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from linvit.commands._image_limits import add_image_limit_arguments, image_limits
+
 HELP = "Classify an image with a linvit/timm model and print the top-k classes (with labels when known)."
 
 _LABEL_KEYS = ("label_names", "class_names")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("image", help="image file (any format Pillow reads)")
+    parser.add_argument(
+        "image",
+        help="image file (any format Pillow reads; within --max-pixels / --max-aspect, float pixels finite)",
+    )
     parser.add_argument(
         "--model", required=True, help="timm model name, e.g. linvit_nano or flatten_swin_tiny_patch4_224"
     )
@@ -39,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="load weights that hold NaN/Inf (named in a warning) instead of stopping; the prediction still fails "
         "if the output is not finite",
     )
+    add_image_limit_arguments(parser)
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint facts
@@ -206,10 +212,15 @@ def label_names_for(model, checkpoint: str | None, side_config: dict[str, Any]) 
     return None
 
 
-def preprocess(image_path: str, model):
-    """The model's own eval transform (timm data config); greyscale models get a greyscale image."""
+def preprocess(image_path: str, model, limits=None):
+    """The model's own eval transform (timm data config); greyscale models get a greyscale image.
+
+    The image is read by :func:`linvit.io.images.load_image` as training reads it (within ``limits``; float pixels
+    finite; transparency on white): every refusal is an :class:`~linvit.io.images.ImageInputError` naming the file.
+    """
     import timm.data
-    from PIL import Image
+
+    from linvit.io.images import load_image
 
     config = timm.data.resolve_data_config(model=model)
     in_chans = model.in_chans if hasattr(model, "in_chans") else config["input_size"][0]
@@ -219,9 +230,7 @@ def preprocess(image_path: str, model):
         std = (sum(std) / len(std),) * in_chans
     config.update(mean=mean, std=std)
     transform = timm.data.create_transform(**config)
-    with Image.open(image_path) as image:
-        image = image.convert("L" if in_chans == 1 else "RGB")
-        tensor = transform(image)
+    tensor = transform(load_image(image_path, "L" if in_chans == 1 else "RGB", limits))
     if tensor.shape[0] != in_chans:
         raise ValueError(
             f"{image_path} gives {tensor.shape[0]} channels after preprocessing; the model wants {in_chans}"
@@ -237,8 +246,12 @@ def predict(
     device: str = "cpu",
     trusted: bool = False,
     allow_non_finite: bool = False,
+    limits=None,
 ):
     """[(class index, probability, label or None)] for the top-k classes, best first.
+
+    ``image`` is checked (a regular file, its header within ``limits``: :class:`~linvit.io.images.ImageLimits`)
+    before the model is built, and decoded after: any refusal is an :class:`~linvit.io.images.ImageInputError`.
 
     Weights with NaN/Inf are refused naming the tensors (:class:`linvit.io.NonFiniteWeightsError`) unless
     ``allow_non_finite``; an output with NaN/Inf is a ValueError either way (never a ``nan%`` prediction).
@@ -249,9 +262,10 @@ def predict(
     from safetensors import SafetensorError
 
     from linvit.io import CheckpointError, allow_non_finite_weights, check_finite_weights
+    from linvit.io.images import open_image
 
-    if not Path(image).is_file():
-        raise FileNotFoundError(f"image {image!r} does not exist")
+    with open_image(image, limits):  # the header only: a bad image is named before the model is built
+        pass
     if checkpoint is not None:
         checkpoint = weights_path(checkpoint)
     if checkpoint is not None and not Path(checkpoint).is_file():
@@ -273,7 +287,7 @@ def predict(
     if model.num_classes <= 0:
         raise ValueError(f"{model_name} has no classifier (num_classes=0): nothing to predict")
     labels = label_names_for(model, checkpoint, side_config)
-    x = preprocess(image, model).to(device)
+    x = preprocess(image, model, limits).to(device)
     with torch.inference_mode():
         logits = model(x).float()
     if not bool(torch.isfinite(logits).all()):
@@ -297,7 +311,14 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         results = predict(
-            args.image, args.model, args.checkpoint, args.topk, args.device, args.trusted, args.allow_non_finite
+            args.image,
+            args.model,
+            args.checkpoint,
+            args.topk,
+            args.device,
+            args.trusted,
+            args.allow_non_finite,
+            image_limits(args),
         )
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

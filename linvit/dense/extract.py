@@ -12,6 +12,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,8 +34,10 @@ __all__ = [
 SKIMAGE_PREFIX = "skimage:"
 
 
-def load_image(source: str | os.PathLike) -> np.ndarray:
+def load_image(source: str | os.PathLike, limits: Any = None) -> np.ndarray:
     """An RGB uint8 (H, W, 3) array from an image file, or ``skimage:<name>`` for scikit-image's bundled photos.
+
+    ``limits``: the :class:`~linvit.io.images.ImageLimits` a file must be within (default: the defaults).
 
     Raises FileNotFoundError for a missing file and ValueError for a file that is not a readable image.
     """
@@ -53,15 +56,13 @@ def load_image(source: str | os.PathLike) -> np.ndarray:
         array = np.array(loader())
     else:
         path = Path(source)
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise FileNotFoundError(f"Image not found: '{path}'.")
-        from PIL import Image, UnidentifiedImageError
+        from linvit.io.images import decode_image
 
-        try:
-            with Image.open(path) as image:
-                array = np.array(image.convert("RGB"))
-        except (UnidentifiedImageError, OSError) as error:
-            raise ValueError(f"Cannot read '{path}' as an image ({error}); expected PNG, JPEG, ...") from error
+        # linvit's image loader: regular files only, size bounded before decoding, NaN/Inf float pixels refused;
+        # any failure is one ValueError line naming the file
+        array = np.array(decode_image(path, limits, convert=lambda image: image.convert("RGB")))
     if array.ndim == 2:
         array = np.repeat(array[..., None], 3, axis=-1)
     if array.shape[-1] == 4:

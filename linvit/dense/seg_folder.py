@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from linvit.io.images import ImageLimits, decode_image
+
 __all__ = ["IGNORE_INDEX", "IMAGE_EXTENSIONS", "IMAGENET_MEAN", "IMAGENET_STD", "PairedTransform", "SegmentationFolder"]
 
 IGNORE_INDEX = 255
@@ -109,20 +111,23 @@ class SegmentationFolder(Dataset):
         mask_dir: str | os.PathLike,
         transform: PairedTransform | None = None,
         num_classes: int | None = None,
+        limits: ImageLimits | None = None,
     ) -> None:
         self.pairs = _find_pairs(Path(image_dir), Path(mask_dir))
         self.transform = transform
         self.num_classes = num_classes
+        # the largest image or mask decoded (checked from the header); named as the DataModule's options
+        self.limits = limits or ImageLimits(pixels_option="data.max_pixels", aspect_option="data.max_aspect")
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        from PIL import Image
-
         image_path, mask_path = self.pairs[index]
-        image = np.asarray(Image.open(image_path).convert("RGB"))
-        mask_image = Image.open(mask_path)
+        # linvit's image loader: regular files only (a FIFO is never opened), sizes bounded before decoding, one line
+        # naming the file for anything wrong (linvit.io.images)
+        image = np.asarray(decode_image(image_path, self.limits, convert=lambda opened: opened.convert("RGB")))
+        mask_image = decode_image(mask_path, self.limits)
         if mask_image.mode not in ("L", "P", "I", "I;16"):
             raise ValueError(f"Mask '{mask_path}' has mode {mask_image.mode}; expected one channel of class indices.")
         mask = np.asarray(mask_image).astype(np.int64)

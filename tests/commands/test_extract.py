@@ -64,7 +64,7 @@ def test_extract_errors(tmp_path, two_images, capsys):
     assert main(["extract", str(tmp_path / "missing.png"), "--model", "test_convnext", "-o", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["extract", str(not_image), "--model", "test_convnext", "-o", str(tmp_path)]) == 2
-    assert "Cannot read" in capsys.readouterr().err
+    assert f"cannot read image '{not_image}'" in capsys.readouterr().err
     assert main(["extract", two_images[0], "--model", "linvit_tinyy", "-o", str(tmp_path)]) == 2
     assert "Unknown model" in capsys.readouterr().err
     assert main(["extract", two_images[0], "--model", "test_convnext", "--size", "12xa"]) == 2

@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from linvit.io.images import ImageInputError, ImageLimits, open_image
+
 _log = logging.getLogger(__name__)
 
 DEFAULT_MULTIPLE = 32
@@ -21,10 +23,13 @@ MAX_AUTO_SIZE = 224
 SAMPLE_SIZE = 256
 
 
-def auto_img_size(folder: str | os.PathLike, multiple: int = DEFAULT_MULTIPLE, seed: int = 0) -> tuple[int, int]:
-    """(input size, median shorter side) for the images under ``folder`` (any depth), from a seeded sample."""
-    from PIL import Image, UnidentifiedImageError
+def auto_img_size(
+    folder: str | os.PathLike, multiple: int = DEFAULT_MULTIPLE, seed: int = 0, limits: ImageLimits | None = None
+) -> tuple[int, int]:
+    """(input size, median shorter side) for the images under ``folder`` (any depth), from a seeded sample.
 
+    Files are opened by :func:`linvit.io.images.open_image` (FIFOs never opened; sizes beyond ``limits`` left out).
+    """
     from linvit.train.data.image_folder import ReadableByPil
 
     readable = ReadableByPil()
@@ -35,9 +40,9 @@ def auto_img_size(folder: str | os.PathLike, multiple: int = DEFAULT_MULTIPLE, s
     sides = []
     for path in sample:
         try:
-            with Image.open(path) as image:  # reads the header, not the pixels
+            with open_image(path, limits) as image:  # reads the header, not the pixels
                 sides.append(min(image.size))
-        except (OSError, UnidentifiedImageError, ValueError):
+        except ImageInputError:
             continue  # unreadable files are training's concern (data.bad_files)
     if not sides:
         raise ValueError(f"data.img_size=auto: none of {len(sample)} sampled files under {folder} could be read.")

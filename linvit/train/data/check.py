@@ -5,7 +5,10 @@ way :class:`~linvit.train.data.image_folder.TolerantImageFolder` does, decodes e
 and reports:
 
 - images per class and split, and classes missing from a split;
-- files training would skip (``data.bad_files=skip``) or stop on (``error``), with the reason;
+- files training would skip (``data.bad_files=skip``) or stop on (``error``), with the reason: not decodable, not a
+  regular file (a FIFO is never opened), over the size limits (``--max-pixels``, ``--max-aspect``), float pixels that
+  are NaN/Inf (all read by :mod:`linvit.io.images`, as training reads them);
+- a split of a single class (training needs two);
 - the same bytes in more than one split (a test image also trained on) or under more than one class;
 - symlinks followed out of their class folder, and trees training refuses (symlink loops);
 - sizes (width, height) and PIL modes and formats per split.
@@ -13,15 +16,15 @@ and reports:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 
+from linvit.io.images import ImageInputError, ImageLimits, image_sha256
 from linvit.train.data.folder_scan import FolderLayoutError, scan_split
 from linvit.train.data.image_folder import PilLoader, ReadableByPil
 
@@ -43,14 +46,20 @@ class ImageFacts:
 
 
 def inspect_image(path: str, loader: PilLoader | None = None) -> ImageFacts:
-    """``path``'s SHA-256, then the file decoded as training does; any exception makes it unreadable."""
-    from PIL import Image
+    """``path``'s SHA-256, then the file decoded as training does (its limits: ``loader.limits``); any exception
+    makes it unreadable."""
+    loader = loader or PilLoader("RGB")
+    facts = ImageFacts(path)
+
+    def convert(image):  # the facts of the header, then the conversion training does
+        facts.format, facts.mode, facts.size = image.format, image.mode, image.size
+        return loader.convert(image)
 
     try:
-        facts = ImageFacts(path, digest=hashlib.sha256(Path(path).read_bytes()).hexdigest())
-        with Image.open(path) as image:  # from the path again (cached): errors then name the file, as in training
-            facts.format, facts.mode, facts.size = image.format, image.mode, image.size
-            (loader or PilLoader("RGB")).convert(image)
+        facts.digest = image_sha256(path)
+        loader.decode(path, convert)
+    except ImageInputError as error:  # names the file and what to do
+        return ImageFacts(path, error=str(error))
     except Exception as error:  # noqa: BLE001 - whatever the decoder raises, training would skip or stop on it
         return ImageFacts(path, error=f"{type(error).__name__}: {error}")
     return facts
@@ -119,6 +128,11 @@ class DataCheck:
             empty = [name for name, count in split.counts.items() if count == 0]
             if empty:
                 problems.append(f"{split.name}: empty class folder(s) {', '.join(empty)}")
+        for split in self.splits:
+            if split.layout_error is None and len(split.counts) == 1:
+                problems.append(
+                    f"{split.name}: one class folder ({next(iter(split.counts))}), training needs two or more"
+                )
         unreadable = sum(len(split.unreadable) for split in self.splits)
         if unreadable:
             problems.append(f"{unreadable} unreadable file(s)")
@@ -149,10 +163,12 @@ def check_image_folder(
     root: str | os.PathLike,
     workers: int = 1,
     progress: Callable[[Iterable[ImageFacts], int], Iterable[ImageFacts]] | None = None,
+    limits: ImageLimits | None = None,
 ) -> DataCheck:
     """Check an ImageNet-layout dataset at ``root``; ``workers`` threads decode images (PIL releases the GIL).
 
-    ``progress(iterable, total)`` wraps the stream of decoded images (e.g. ``tqdm``).
+    ``progress(iterable, total)`` wraps the stream of decoded images (e.g. ``tqdm``); ``limits`` bound the images
+    decoded (default: training's, :func:`~linvit.train.data.image_folder.data_image_limits`).
     """
     root = str(root)
     if not os.path.isdir(root):
@@ -170,11 +186,12 @@ def check_image_folder(
         split.counts, split.links_out = scan.counts(), scan.links_out
         split.labels = {path: scan.classes[index] for path, index in scan.samples}
     paths = [path for split in report.splits for path in split.labels]
+    inspect = partial(inspect_image, loader=PilLoader("RGB", limits))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         stream = (
             facts
             for start in range(0, len(paths), _CHUNK)
-            for facts in pool.map(inspect_image, paths[start : start + _CHUNK])
+            for facts in pool.map(inspect, paths[start : start + _CHUNK])
         )
         facts_by_path = {facts.path: facts for facts in (progress(stream, len(paths)) if progress else stream)}
     for split in report.splits:

@@ -5,7 +5,8 @@ or to a parent (``cat/loop -> .``, ``dog/up -> ..``) makes the walk go round unt
 every round adds the same images again, many of them under the wrong label. :func:`scan_split` walks the same
 way and in the same order, but
 
-- refuses a symlink loop (a link to a folder the walk is already inside), naming the link;
+- refuses a symlink loop (a link to a folder the walk is already inside, or links that point at each other and
+  never reach anything: ``ELOOP``), naming the link;
 - refuses a link into another class folder of the split (its images would carry two labels), and class folders
   that are the same folder or inside one another;
 - follows any other link out of the class folder, and lists it in :attr:`SplitScan.links_out` so that the
@@ -14,13 +15,15 @@ way and in the same order, but
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 class FolderLayoutError(ValueError):
-    """The folder tree cannot be read as one label per class folder (a symlink loop, a class reached twice)."""
+    """The folder tree cannot be read as one label per class folder (a symlink loop, a class reached twice), or holds
+    fewer than the two classes a classifier needs."""
 
 
 @dataclass
@@ -83,13 +86,26 @@ def _class_files(
         for entry in entries:
             if entry.is_symlink():
                 _check_link(entry, chain, class_real, other_classes, links_out)
-            if entry.is_dir():  # follows links, like os.walk(followlinks=True)
+            if _is_dir(entry):  # follows links, like os.walk(followlinks=True)
                 walk(entry.path, [*chain, os.path.realpath(entry.path)])
             elif is_valid_file(entry.path):
                 found.append((folder, entry.name))
 
     walk(class_dir, [class_real])
     return [os.path.join(folder, name) for folder, name in sorted(found)]
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """``entry.is_dir()`` (links followed); a link that never ends (ELOOP: links pointing at each other) refused."""
+    try:
+        return entry.is_dir()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FolderLayoutError(
+                f"symlink loop: {entry.path} -> {os.readlink(entry.path)} never reaches a file or folder (links that "
+                "point at each other). Remove the link."
+            ) from None
+        return False  # not a folder the walk can enter; as a file, the image loader names what is wrong with it
 
 
 def _check_link(
@@ -101,7 +117,7 @@ def _check_link(
 ) -> None:
     """Refuse a link that loops or leads into another class folder; note one that leads out of its class folder."""
     target = os.path.realpath(entry.path)
-    if entry.is_dir() and any(_inside(walked, target) for walked in chain):
+    if _is_dir(entry) and any(_inside(walked, target) for walked in chain):
         raise FolderLayoutError(
             f"symlink loop: {entry.path} -> {os.readlink(entry.path)} leads back to {target}, a folder the walk is "
             "already inside, so its images would be listed again and again. Remove the link."

@@ -1,7 +1,10 @@
 """ImageNet-layout folders (``<root>/<split>/<class>/<image>``) that survive the odd bad file.
 
 - :class:`PilLoader`: any image PIL reads as RGB or L; transparency composited on white, 16-bit greyscale
-  rescaled to 8 bits (a bare ``convert`` clips it at 255: nearly all white).
+  rescaled to 8 bits (a bare ``convert`` clips it at 255: nearly all white). Files are opened by
+  :func:`linvit.io.images.decode_image`: FIFOs and devices never opened, sizes over ``data.max_pixels`` /
+  ``data.max_aspect`` refused from the header, NaN/Inf float pixels refused (so skipped and counted like any
+  unreadable file).
 - :class:`TolerantImageFolder`: torchvision's ``ImageFolder`` whose ``bad_files`` option decides what an unreadable
   file does: ``"skip"`` (the next readable sample stands in; the files are named in one warning per pass over the
   data) or ``"error"`` (raise naming the file). The label set (the class folders) never changes.
@@ -19,10 +22,10 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
-import numpy as np
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import has_file_allowed_extension
 
+from linvit.io.images import ImageInputError, ImageLimits, as_mode, decode_image
 from linvit.train.data.augment import AugmentationError
 from linvit.train.data.folder_scan import scan_split
 from linvit.train.data.worker_signals import SigtermSafeDataLoader
@@ -45,39 +48,38 @@ class ReadableByPil:
         return path.lower().endswith(self.extensions)
 
 
-def _to_8_bit(image: Any) -> Any:
-    """16/32-bit integer greyscale (modes I;16*, I) as 8-bit L: 0..65535 maps to 0..255."""
-    from PIL import Image
-
-    pixels = np.asarray(image, dtype=np.float64)
-    return Image.fromarray(np.clip(np.rint(pixels / 257.0), 0, 255).astype(np.uint8), "L")
+def data_image_limits(max_pixels: int | None = None, max_aspect: float | None = None) -> ImageLimits:
+    """The image size limits of training data, named as the ``data.*`` options that raise them."""
+    defaults = ImageLimits()
+    return ImageLimits(
+        max_pixels=defaults.max_pixels if max_pixels is None else max_pixels,
+        max_aspect=defaults.max_aspect if max_aspect is None else max_aspect,
+        pixels_option="data.max_pixels",
+        aspect_option="data.max_aspect",
+    )
 
 
 class PilLoader:
-    """Open an image with PIL as ``mode`` (RGB or L); transparency composited on white (a class: pickles)."""
+    """Open an image with PIL as ``mode`` (RGB or L); transparency composited on white (a class: pickles).
 
-    def __init__(self, mode: str):
+    ``limits`` bound the size decoded (default: :func:`data_image_limits`); every refusal or decoder error is an
+    :class:`~linvit.io.images.ImageInputError` naming the file.
+    """
+
+    def __init__(self, mode: str, limits: ImageLimits | None = None):
         self.mode = mode
+        self.limits = limits or data_image_limits()
 
     def __call__(self, path: str):
-        from PIL import Image
+        return decode_image(path, self.limits, self.convert)
 
-        with Image.open(path) as image:
-            return self.convert(image)
+    def decode(self, path: str, convert: Callable[[Any], Any]) -> Any:
+        """``path`` decoded within this loader's limits, through ``convert`` (e.g. one that also notes the mode)."""
+        return decode_image(path, self.limits, convert)
 
     def convert(self, image: Any) -> Any:
-        """``image`` (opened, not yet decoded) decoded as ``mode``."""
-        from PIL import Image
-
-        if image.mode.startswith("I;16") or image.mode == "I":
-            return _to_8_bit(image).convert(self.mode)
-        if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
-            # Composite on white, for RGB and L alike: a bare convert() makes transparent pixels black (RGB) or
-            # leaves their hidden colour (L), whatever it was.
-            rgba = image.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(background, rgba).convert(self.mode)
-        return image.convert(self.mode)
+        """``image`` (opened, not yet decoded) decoded as ``mode`` (:func:`linvit.io.images.as_mode`)."""
+        return as_mode(image, self.mode)
 
 
 class TolerantImageFolder(ImageFolder):
@@ -137,9 +139,11 @@ class TolerantImageFolder(ImageFolder):
                 sample = self.loader(path)
             except Exception as error:  # noqa: BLE001 - whatever a decoder raises, it is this file's problem
                 if self.bad_files == "error":
+                    # the loader's refusals already name the file; any other error gets it here
+                    reason = str(error) if isinstance(error, ImageInputError) else f"{type(error).__name__}: {error}"
                     raise OSError(
-                        f"cannot read image {path}: {type(error).__name__}: {error}. Remove or replace the file, or "
-                        "set data.bad_files=skip to skip unreadable files with a warning."
+                        f"cannot read image {path}: {reason}. Remove or replace the file, or set data.bad_files=skip "
+                        "to skip unreadable files with a warning."
                     ) from error
                 self._record(path)
                 index = (index + 1) % len(self.samples)  # the next file stands in; the label set is unchanged

@@ -19,6 +19,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from linvit.dense.seg_folder import IMAGENET_MEAN, IMAGENET_STD, PairedTransform, SegmentationFolder
+from linvit.io.images import DEFAULT_MAX_ASPECT, DEFAULT_MAX_PIXELS, ImageLimits
 from linvit.train.data.options import capped_workers, fraction, whole_number
 from linvit.train.data.worker_signals import SigtermSafeDataLoader
 
@@ -45,6 +46,8 @@ class SegmentationDataModule(LightningDataModule):
             synthetic task's names when ``synthetic`` is set, else ``data_dir/classes.txt`` (one name per line) if
             present, else the class indices.
         mean, std: normalisation.
+        max_pixels, max_aspect: the largest image or mask decoded, in pixels and as long side / short side, checked
+            from the header before decoding (:mod:`linvit.io.images`; defaults: PIL's 89,478,485 and 100).
     """
 
     def __init__(
@@ -64,6 +67,8 @@ class SegmentationDataModule(LightningDataModule):
         std: Sequence[float] = IMAGENET_STD,
         seed: int = 0,
         class_names: Sequence[str] | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_aspect: float = DEFAULT_MAX_ASPECT,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -90,6 +95,7 @@ class SegmentationDataModule(LightningDataModule):
         self.num_workers = capped_workers(num_workers)
         self.val_fraction = fraction(val_fraction, "data.val_fraction")
         self.synthetic = dict(synthetic) if synthetic else None
+        self.image_limits = ImageLimits(max_pixels, max_aspect, "data.max_pixels", "data.max_aspect")
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -136,19 +142,27 @@ class SegmentationDataModule(LightningDataModule):
         root = self.data_dir
         if (root / "train").is_dir():
             self.train_set = SegmentationFolder(
-                root / "train" / "images", root / "train" / "masks", self._transforms(True), self.num_classes
+                root / "train" / "images",
+                root / "train" / "masks",
+                self._transforms(True),
+                self.num_classes,
+                self.image_limits,
             )
             val_root = root / "val" if (root / "val").is_dir() else root / "train"
             self.val_set = SegmentationFolder(
-                val_root / "images", val_root / "masks", self._transforms(False), self.num_classes
+                val_root / "images", val_root / "masks", self._transforms(False), self.num_classes, self.image_limits
             )
             test_root = root / "test" if (root / "test").is_dir() else val_root
             self.test_set = SegmentationFolder(
-                test_root / "images", test_root / "masks", self._transforms(False), self.num_classes
+                test_root / "images", test_root / "masks", self._transforms(False), self.num_classes, self.image_limits
             )
             return
-        train_full = SegmentationFolder(root / "images", root / "masks", self._transforms(True), self.num_classes)
-        val_full = SegmentationFolder(root / "images", root / "masks", self._transforms(False), self.num_classes)
+        train_full = SegmentationFolder(
+            root / "images", root / "masks", self._transforms(True), self.num_classes, self.image_limits
+        )
+        val_full = SegmentationFolder(
+            root / "images", root / "masks", self._transforms(False), self.num_classes, self.image_limits
+        )
         order = list(range(len(train_full)))
         random.Random(self.hparams.seed).shuffle(order)
         num_val = max(1, math.floor(len(order) * self.val_fraction))

@@ -24,12 +24,14 @@ from linvit.train.data.augment import guard_transform
 from linvit.train.data.auto_size import DEFAULT_MULTIPLE, MAX_AUTO_SIZE, auto_img_size
 from linvit.train.data.datamodule_base import ClassificationDataModule
 from linvit.train.data.datasets import DataUnavailableError, held_out_per_class
+from linvit.train.data.folder_scan import FolderLayoutError
 from linvit.train.data.hparams import make_hparams_plain
 from linvit.train.data.image_folder import (
     BAD_FILE_MODES,
     PilLoader,
     ReadableByPil,
     TolerantImageFolder,
+    data_image_limits,
 )
 from linvit.train.data.options import AUTO, fraction, whole_number
 
@@ -119,6 +121,10 @@ class ImageFolderDataModule(TimmTransformDataModule):
             ``skip`` (default; another image stands in, and one warning at the end of each pass over the data counts
             and names the files) or ``error`` (raise naming the file). Files that are not images by extension are
             always ignored. Symlink loops are refused; links out of a class folder are followed with a warning.
+            FIFOs, sockets and devices named like images are never opened (skipped as unreadable), nor are float
+            images holding NaN/Inf used.
+        max_pixels, max_aspect: the largest image decoded, in pixels (default PIL's 89,478,485) and as long side /
+            short side (default 100), read from the header: a larger one is an unreadable file (``bad_files``).
         check: run :func:`~linvit.train.data.check.check_image_folder` (``linvit check-data``) in ``setup`` and log
             its report: counts, unreadable files, duplicates across splits, sizes and modes (decodes every image
             once; off by default). The images per split and class are logged either way.
@@ -135,14 +141,22 @@ class ImageFolderDataModule(TimmTransformDataModule):
         split_seed: int = 0,
         bad_files: str = "skip",
         check: bool = False,
+        max_pixels: int | None = None,
+        max_aspect: float | None = None,
         **kwargs: Any,
     ):
         auto = img_size == AUTO
         super().__init__(num_classes=num_classes, img_size=1 if auto else img_size, **kwargs)
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
+        if self.num_classes < 2:  # torchmetrics would fail deep inside the model's construction
+            raise FolderLayoutError(
+                f"data.num_classes={self.num_classes}: classification needs at least two classes, one folder each "
+                f"under {root}/train. Add a folder per class and set data.num_classes to their number."
+            )
         self.img_size_is_auto = auto  # until choose_img_size() has run
         self.bad_files = bad_files
+        self.image_limits = data_image_limits(max_pixels, max_aspect)
         self.check = bool(check)
         self.root = Path(root)
         self.test_fraction = 0.0 if test_fraction == 0 else fraction(test_fraction, "data.test_fraction")
@@ -154,7 +168,7 @@ class ImageFolderDataModule(TimmTransformDataModule):
         set."""
         if self.img_size_is_auto:
             folder = self._split_folder("train")
-            self.img_size, median = auto_img_size(folder, size_multiple)
+            self.img_size, median = auto_img_size(folder, size_multiple, limits=self.image_limits)
             self.img_size_is_auto = False
             _log.info(
                 "data.img_size=auto: %d px (median shorter side of the training images %d px, rounded to a multiple "
@@ -180,7 +194,7 @@ class ImageFolderDataModule(TimmTransformDataModule):
             str(self._split_folder(split)),
             bad_files=self.bad_files,
             transform=self._timm_transform(train),
-            loader=PilLoader("L" if self.in_chans == 1 else "RGB"),
+            loader=PilLoader("L" if self.in_chans == 1 else "RGB", self.image_limits),
             is_valid_file=ReadableByPil(),
         )
 
@@ -191,6 +205,11 @@ class ImageFolderDataModule(TimmTransformDataModule):
         if self.check and (self.trainer is None or self.trainer.is_global_zero):
             self._log_data_check()
         train = self._folder("train", train=True)
+        if len(train.classes) < 2:
+            raise FolderLayoutError(
+                f"{train.root} holds one class folder ({', '.join(train.classes)}): classification needs at least two "
+                "classes, one folder each. Add a folder per class."
+            )
         self._check_num_classes(len(train.classes), f"{self.root}/train")
         self.class_names = list(train.classes)
         self.val_set = self._folder("val", train=False)
@@ -263,7 +282,7 @@ class ImageFolderDataModule(TimmTransformDataModule):
     def _log_data_check(self) -> None:
         from linvit.train.data.check import check_image_folder
 
-        report = check_image_folder(self.root, workers=max(1, self.num_workers))
+        report = check_image_folder(self.root, workers=max(1, self.num_workers), limits=self.image_limits)
         _log.info("data check (data.check=true):\n%s", report.format())
         if report.problems():
             _log.warning("data check of %s: %s", self.root, "; ".join(report.problems()))

@@ -34,19 +34,21 @@ def config_dir() -> Path:
 def run_task(cfg: Any) -> float | None:
     """Hydra's task: train, test, export; the summary from the first process; the metric a sweeper optimises.
 
-    A data set that is not there, a config value of the wrong type and a checkpoint that cannot be read
-    (``ckpt_path=``, the run's ``last.ckpt``) end the run with their one-line message (exit status 1) instead of a
+    A data set that is not there or cannot be read as one label per class folder (a symlink loop, a single class), a
+    config value of the wrong type and a checkpoint that cannot be read (``ckpt_path=``, the run's ``last.ckpt``) end
+    the run with their one-line message (exit status 1) instead of a
     traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback.
     """
     from linvit.io import CheckpointError
     from linvit.train.data.datasets import DataUnavailableError
+    from linvit.train.data.folder_scan import FolderLayoutError
     from linvit.train.runs.config_types import ConfigTypeError
     from linvit.train.runs.run import summarize, train
     from linvit.train.runs.run_dir import is_first_process
 
     try:
         metrics = train(cfg)
-    except (DataUnavailableError, CheckpointError, ConfigTypeError) as error:
+    except (DataUnavailableError, FolderLayoutError, CheckpointError, ConfigTypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _log.error("%s", error)
