@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,12 @@ __all__ = [
     "TEMPORARY_SUFFIX",
     "DestinationError",
     "check_destination",
+    "check_not_input",
     "file_sha256",
+    "move_into_place",
+    "prepare_folder",
+    "refuse_os_error",
+    "staging_folder",
     "recorded_sha256",
     "remove_own_temporaries",
     "write_file",
@@ -139,6 +145,25 @@ def check_destination(
     )
 
 
+def check_not_input(path: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:
+    """Raise :class:`DestinationError` when ``path`` is one of the files a command reads (the same file, also
+    through a link): a destination never replaces its own input, even with ``--force``."""
+    for source in inputs:
+        if source is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, source):
+                raise DestinationError(
+                    f"cannot write '{path}': it is the input '{source}' itself; name another destination"
+                )
+
+
+def refuse_os_error(path: str | os.PathLike, error: OSError) -> DestinationError:
+    """The one-line :class:`DestinationError` for a failure of the file system writing ``path`` (a full disk, a
+    read-only or missing folder, ...)."""
+    return _problem(Path(path), error)
+
+
 def _fsync_directory(directory: Path) -> None:
     with contextlib.suppress(OSError):
         handle = os.open(directory, os.O_RDONLY)
@@ -202,15 +227,77 @@ def write_file(
     return path
 
 
+def move_into_place(
+    temporary: str | os.PathLike,
+    path: str | os.PathLike,
+    kind: str,
+    *,
+    force: bool = False,
+    force_option: str = "--force",
+) -> Path:
+    """Rename a complete file that a writer of linvit wrote under a temporary name in ``path``'s folder onto ``path``
+    and record it as ``kind``, for writers that must name their file themselves (e.g. a checkpoint saved by Lightning
+    on every rank). The destination is checked as by :func:`write_file`; on refusal or failure the temporary file is
+    removed. Returns ``path``."""
+    temporary, path = Path(temporary), Path(path)
+    try:
+        check_destination(path, kind, force=force, force_option=force_option)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _fsync_directory(path.parent)
+        _update_record(path, kind)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise _problem(path, error) from None
+        raise
+    return path
+
+
+def prepare_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` created if missing; :class:`DestinationError` naming it when it is a file
+    or cannot be created (read-only, under a file, disk full)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise DestinationError(f"cannot write into '{folder}': it is a file, not a folder; name a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _problem(folder, error) from None
+    return folder
+
+
+def staging_folder(path: str | os.PathLike) -> Path:
+    """A new hidden folder beside ``path`` (named like its temporary files) for a writer that writes several files
+    at once under their final names (ONNX with external data); move them out with :func:`move_into_place`, then
+    remove it. :func:`remove_own_temporaries` removes one a kill left behind."""
+    path = Path(path)
+    folder = _temporary_name(path)
+    try:
+        folder.mkdir()
+    except OSError as error:
+        raise _problem(path, error) from None
+    return folder
+
+
 def remove_own_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files a killed :func:`write_file` left in ``folder`` (their names end in
-    :data:`TEMPORARY_SUFFIX`; nobody else's file is touched). Returns what was removed."""
+    """Delete the temporary files (and :func:`staging_folder` folders) a killed writer left in ``folder``: hidden
+    names ending in :data:`TEMPORARY_SUFFIX`, nobody else's file is touched. Call it when no writer of linvit is
+    active in ``folder``. Returns what was removed."""
     removed = []
     folder = Path(folder)
     if folder.is_dir():
-        for leftover in folder.glob(f".*{TEMPORARY_SUFFIX}"):
+        for leftover in sorted(folder.glob(f".*{TEMPORARY_SUFFIX}")):
             with contextlib.suppress(OSError):
-                if leftover.is_file() and not leftover.is_symlink():
+                if leftover.is_symlink():
+                    continue
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                elif leftover.is_file():
                     leftover.unlink()
-                    removed.append(leftover)
+                else:
+                    continue
+                removed.append(leftover)
     return removed
