@@ -146,7 +146,12 @@ def save_program(
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise refuse_os_error(path, error) from None
-    return write_file(path, lambda temporary: torch.export.save(program, str(temporary)), "pt2", force=force)
+
+    def save(temporary: Path) -> None:
+        with open(temporary, "wb") as file:  # a file object: torch wants a path ending in .pt2 or a buffer
+            torch.export.save(program, file)
+
+    return write_file(path, save, "pt2", force=force)
 
 
 def output_names(model: nn.Module, outputs: Any) -> list[str]:

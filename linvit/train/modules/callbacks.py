@@ -6,10 +6,12 @@ preemption) fit in beside them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -19,7 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from linvit.io.destination import TEMPORARY_SUFFIX, move_into_place, prepare_folder, write_file
+from linvit.io.destination import TEMPORARY_SUFFIX, DestinationError, move_into_place, prepare_folder, write_file
 from linvit.train.data.worker_signals import workers_block_sigterm
 from linvit.train.modules.fault_tolerance import CHECKPOINT_KIND
 
@@ -161,7 +163,8 @@ class AtomicModelCheckpoint(ModelCheckpoint):
             return
         # a name of this writer's own: two processes saving into one directory never share a temporary file
         temporary = trainer.strategy.broadcast(str(unique_temporary(filepath)))
-        trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
+        with _naming(filepath, temporary):
+            trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
         if trainer.is_global_zero:
             move_into_place(temporary, filepath, CHECKPOINT_KIND, force=True)  # the run's own file: recorded
         trainer.strategy.barrier("atomic_model_checkpoint")
@@ -273,10 +276,20 @@ def _save_atomically(trainer: Trainer, path: Path) -> None:
     """``trainer.save_checkpoint`` to a temporary name of this process beside ``path``, then rename onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = trainer.strategy.broadcast(str(unique_temporary(path)))  # every rank names the same file
-    trainer.save_checkpoint(temporary)
+    with _naming(path, temporary):
+        trainer.save_checkpoint(temporary)
     if trainer.is_global_zero:
         move_into_place(temporary, path, CHECKPOINT_KIND, force=True)
     trainer.strategy.barrier("save_atomically")
+
+
+@contextlib.contextmanager
+def _naming(path: str | os.PathLike, temporary: str | os.PathLike) -> Iterator[None]:
+    """A :class:`DestinationError` (a full disk) while writing ``temporary`` names ``path``, the file the user knows."""
+    try:
+        yield
+    except DestinationError as error:
+        raise DestinationError(str(error).replace(str(temporary), str(path))) from None
 
 
 def unique_temporary(path: str | os.PathLike) -> Path:
