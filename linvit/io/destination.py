@@ -41,6 +41,8 @@ __all__ = [
     "staging_folder",
     "recorded_sha256",
     "remove_own_temporaries",
+    "save_figure",
+    "write_text",
     "write_file",
 ]
 
@@ -280,6 +282,24 @@ def staging_folder(path: str | os.PathLike) -> Path:
     except OSError as error:
         raise _problem(path, error) from None
     return folder
+
+
+def save_figure(
+    figure: Any, path: str | os.PathLike, *, force: bool = False, kind: str = "plot", **options: Any
+) -> Path:
+    """``figure.savefig`` through :func:`write_file` (its folder created): the format from ``path``'s suffix (PNG
+    without one), ``options`` to ``savefig`` (e.g. ``dpi``). Returns ``path``."""
+    path = prepare_folder(Path(path).parent) / Path(path).name
+    image_format = options.pop("format", None) or path.suffix[1:].lower() or "png"
+    return write_file(
+        path, lambda temporary: figure.savefig(temporary, format=image_format, **options), kind, force=force
+    )
+
+
+def write_text(path: str | os.PathLike, text: str, kind: str, *, force: bool = False) -> Path:
+    """``text`` (UTF-8) to ``path`` through :func:`write_file`, its folder created. Returns ``path``."""
+    path = prepare_folder(Path(path).parent) / Path(path).name
+    return write_file(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), kind, force=force)
 
 
 def remove_own_temporaries(folder: str | os.PathLike) -> list[Path]:
