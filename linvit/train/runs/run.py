@@ -319,7 +319,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
 
         source = best or str(output_dir / "checkpoints" / "last.ckpt")
         if Path(source).is_file():
-            exported = export_checkpoint(source, output_dir, ema=bool(export_cfg.get("ema", False)))
+            # the run's own folder (an older linvit wrote its files without a record): force
+            exported = export_checkpoint(source, output_dir, ema=bool(export_cfg.get("ema", False)), force=True)
             _log.info("exported %s (from %s)", exported, Path(source).name)
         else:
             _log.warning("nothing to export: no checkpoint in %s", output_dir / "checkpoints")
