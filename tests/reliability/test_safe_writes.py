@@ -328,3 +328,51 @@ def test_write_file_names_a_full_disk_and_keeps_the_old_file(tmp_path):
         write_file(target, full, "results")
     assert str(target) in str(error.value) and target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "results.json"]
+
+
+def test_an_interrupted_pt2_write_leaves_the_old_file_under_its_name(tmp_path, monkeypatch):
+    """The default tier's version of the SIGKILL test (the slow tier kills a real process): the writer stops half-way
+    (KeyboardInterrupt), the old program still loads, no partial file is left, and writing again needs no --force."""
+    from linvit.utils.deploy import save_program
+
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    target = tmp_path / "model.pt2"
+    save_program(torch.export.export(Tiny(), (torch.ones(2),)), target)
+    real_save = torch.export.save
+
+    def half_then_interrupted(program, file, *args, **kwargs):
+        file.write(b"PK" + b"x" * 78_000)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.export, "save", half_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_program(torch.export.export(Tiny(), (torch.ones(3),)), target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "model.pt2"]
+    torch.testing.assert_close(torch.export.load(str(target)).module()(torch.ones(2)), torch.full((2,), 2.0))
+    monkeypatch.setattr(torch.export, "save", real_save)
+    save_program(torch.export.export(Tiny(), (torch.ones(3),)), target)  # linvit wrote it: no force needed
+
+
+def test_viz_extract_and_bench_refuse_a_users_file_without_force(tmp_path, capsys):
+    from linvit.bench import run as bench_run
+
+    picture = tmp_path / "holiday.png"
+    picture.write_bytes(b"the user's picture")
+    assert main(["viz", "attention", "skimage:chelsea", "--output", str(picture)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert str(picture) in line and "--force" in line, line
+    features = tmp_path / "features.safetensors"
+    features.write_bytes(b"the user's features")
+    assert main(["extract", "skimage:chelsea", "--model", "linvit_nano", "--output", str(tmp_path)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert str(features) in line and "--force" in line, line
+    results = tmp_path / "results.json"
+    results.write_text('{"mine": true}')
+    assert bench_run.main(["--out", str(tmp_path), "--quick"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert str(results) in line and "--force" in line, line
+    assert picture.read_bytes() == b"the user's picture" and features.read_bytes() == b"the user's features"
+    assert results.read_text() == '{"mine": true}'
