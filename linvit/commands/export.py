@@ -4,6 +4,10 @@
   timm ``config.json``;
 - ``linvit export RUN_DIR --format onnx`` or ``linvit export --model NAME [--checkpoint FILE] --format onnx``: an ONNX
   file with dynamic batch, height and width (``--format pt2``: a ``torch.export`` program, AOTInductor-compilable).
+
+Every file is written under a temporary name in its folder and renamed into place (:mod:`linvit.io.destination`): a
+kill leaves the old file or the new one. A destination that exists and that linvit did not write as that format is
+refused without ``--force`` (which replaces only the files the export writes); the input checkpoint never.
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@
 - The SHA-256 in the record is also what :func:`recorded_sha256` gives the loaders, which check a file against it
   before use (a byte flipped after the save is then named, not loaded).
 - Failures of the file system (a full disk, a read-only or missing folder, a destination that is a folder) raise
-  :class:`DestinationError`, one line naming the path.
+  :class:`DestinationError`, one line naming the path; so does a destination that is the command's own input
+  (:func:`check_not_input`, even with ``--force``).
+- Writers that must name their file themselves use a temporary name of ours: :func:`move_into_place` renames and
+  records it (a checkpoint Lightning saves on every rank); :func:`staging_folder` holds files written together under
+  their final names (ONNX with external data). :func:`remove_own_temporaries` removes what a kill left of either,
+  and nothing else.
 """
 
 from __future__ import annotations
@@ -37,13 +42,13 @@ __all__ = [
     "file_sha256",
     "move_into_place",
     "prepare_folder",
-    "refuse_os_error",
-    "staging_folder",
     "recorded_sha256",
+    "refuse_os_error",
     "remove_own_temporaries",
     "save_figure",
-    "write_text",
+    "staging_folder",
     "write_file",
+    "write_text",
 ]
 
 RECORD_NAME = ".linvit-written.json"
