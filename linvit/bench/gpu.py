@@ -343,8 +343,10 @@ def main(argv: list[str] | None = None, *, results_dir: Path | None = None, prog
         f"{bench.budget.elapsed():.0f} s.{same}\n\nCommand: `{command.strip()}`\n\nByte model: {BYTE_MODEL}.\n\n"
     )
     out = Path(args.out) if args.out else (results_dir or Path.cwd() / "bench-results") / "cuda"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"targets-{stamp}.md").write_text(header + table + "\n")
+    from linvit.io.destination import write_text
+
+    # new, time-stamped names: an existing one (the same second) is replaced only when linvit wrote it
+    write_text(out / f"targets-{stamp}.md", header + table + "\n", "bench-report")
     record = {
         "date": stamp,
         "command": command.strip(),
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None, *, results_dir: Path | None = None, prog
         "measurements": bench.results,
         "imported": sorted({m.split(".")[0] for m in sys.modules} & {"hydra", "omegaconf", "lightning"}),
     }
-    (out / f"targets-{stamp}.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    write_text(out / f"targets-{stamp}.json", json.dumps(record, indent=1, default=str) + "\n", "bench-results")
     print(header + table)
     print(f"\nwrote {out / f'targets-{stamp}.md'} and .json")
     return 0

@@ -405,8 +405,24 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, data: dict | None = None) -> Path:
-    """Rewrite ``RESULTS.md`` and the plots in ``out_dir`` from its ``results.json``."""
+REPORT_FILES = (
+    "RESULTS.md",
+    "operators_latency.png",
+    "operators_memory.png",
+    "backbones_latency.png",
+    "backbones_memory.png",
+)
+
+
+def write_report(out_dir: Path, data: dict | None = None, force: bool = False) -> Path:
+    """Rewrite ``RESULTS.md`` and the plots in ``out_dir`` from its ``results.json``.
+
+    Written through :mod:`linvit.io.destination`: one of :data:`REPORT_FILES` that exists and that linvit did not
+    write is refused unless ``force`` (checked before any is written)."""
+    from linvit.io.destination import check_destination, write_text
+
+    for name in REPORT_FILES:
+        check_destination(Path(out_dir) / name, "plot" if name.endswith(".png") else "bench-report", force=force)
     out_dir = Path(out_dir)
     if data is None:
         data = json.loads((out_dir / "results.json").read_text())
@@ -414,21 +430,29 @@ def write_report(out_dir: Path, data: dict | None = None) -> Path:
     index = _index(data)
     from linvit.bench.plots import plot_backbones, plot_operators  # imports matplotlib: only when drawing
 
-    plot_operators(index, out_dir, "latency_ms", "latency (ms)", "operators_latency.png")
-    plot_operators(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "operators_memory.png")
-    plot_backbones(index, out_dir, "latency_ms", "latency per image (ms)", "backbones_latency.png")
-    plot_backbones(index, out_dir, "activation_mib", "peak memory above baseline (MiB)", "backbones_memory.png")
-    path = out_dir / "RESULTS.md"
-    path.write_text(text)
-    return path
+    memory = "peak memory above baseline (MiB)"
+    plot_operators(index, out_dir, "latency_ms", "latency (ms)", "operators_latency.png", force=force)
+    plot_operators(index, out_dir, "activation_mib", memory, "operators_memory.png", force=force)
+    plot_backbones(index, out_dir, "latency_ms", "latency per image (ms)", "backbones_latency.png", force=force)
+    plot_backbones(index, out_dir, "activation_mib", memory, "backbones_memory.png", force=force)
+    return write_text(out_dir / "RESULTS.md", text, "bench-report", force=force)
 
 
 def main(argv: list[str] | None = None, default: Path = Path("bench-results") / "cpu") -> int:
-    """Redraw ``RESULTS.md`` and the plots of the results folder ``argv[0]`` (default ``default``) without measuring."""
+    """Redraw ``RESULTS.md`` and the plots of the results folder ``argv[0]`` (default ``default``) without measuring;
+    ``--force`` replaces files there that linvit did not write."""
     import sys
 
+    from linvit.io.destination import DestinationError
+
     argv = sys.argv[1:] if argv is None else argv
-    print(write_report(Path(argv[0]) if argv else default))
+    force = "--force" in argv
+    folders = [arg for arg in argv if arg != "--force"]
+    try:  # the default folder is linvit's own; another one's files are replaced when linvit wrote them, or --force
+        print(write_report(Path(folders[0]) if folders else default, force=force or not folders))
+    except DestinationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

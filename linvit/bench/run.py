@@ -29,11 +29,14 @@ import time
 from pathlib import Path
 
 from linvit.bench import cases as suite_cases
+from linvit.bench.report import REPORT_FILES
+from linvit.io.destination import DestinationError, check_destination, prepare_folder, write_text
 
 # The folder that holds the linvit package these modules belong to (a checkout's root, or site-packages): workers
 # import the same linvit from there.
 CODE_ROOT = Path(__file__).resolve().parents[2]
 PROG = "linvit bench"
+RESULTS_KIND = "bench-results"  # results.json, in the folder's record of what linvit wrote (linvit.io.destination)
 
 
 def default_results_dir() -> Path:
@@ -54,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and short timings (a couple of minutes)")
     parser.add_argument("--only", default=None, help=f"comma list of suites among {', '.join(suite_cases.SUITES)}")
     parser.add_argument("--out", default=None, help="results folder (default <results folder>/<device>)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --out: replace results.json, RESULTS.md and the plots there when linvit did not write them (the "
+        "default results folder is linvit's own)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"), help="fp32 on CPU, bf16 on CUDA")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per worker (default 2 on CPU)")
@@ -252,14 +261,14 @@ def run_workers(cases: list[dict], kind: str, settings: dict, fresh_per_case: bo
     return records
 
 
-def _merge(out_dir: Path, run_info: dict, records: list[dict]) -> dict:
+def _merge(out_dir: Path, run_info: dict, records: list[dict], force: bool = False) -> dict:
     path = out_dir / "results.json"
     data = json.loads(path.read_text()) if path.exists() else {"runs": [], "records": []}
     fresh = {(r["key"], r["kind"]) for r in records}
     data["records"] = [r for r in data["records"] if (r["key"], r["kind"]) not in fresh]
     data["records"].extend(records)
     data["runs"].append(run_info)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    write_text(path, json.dumps(data, indent=1, sort_keys=True), RESULTS_KIND, force=force)
     return data
 
 
@@ -276,9 +285,13 @@ def run(args, command: list[str] | None = None, results_dir: Path | None = None,
     results, which go to ``args.out`` or below ``results_dir`` (default :func:`default_results_dir`)."""
     settings = _settings(args)
     settings["device"] = args.device
-    with tempfile.TemporaryDirectory(prefix="linvit-snapshot-") as snapshot_dir:
-        settings["code_root"] = _snapshot(snapshot_dir) if args.snapshot else CODE_ROOT
-        return _run_suites(args, settings, f"{prog} {shlex.join(command or [])}", results_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="linvit-snapshot-") as snapshot_dir:
+            settings["code_root"] = _snapshot(snapshot_dir) if args.snapshot else CODE_ROOT
+            return _run_suites(args, settings, f"{prog} {shlex.join(command or [])}", results_dir)
+    except DestinationError as error:  # a results file that is not linvit's, an unwritable folder, a full disk
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
 
 
 def _run_suites(args, settings: dict, command: str, results_dir: Path | None) -> int:
@@ -286,7 +299,13 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
         "tmp/quick" if settings["quick"] else args.device.split(":")[0]
     )
     out_dir = Path(args.out) if args.out else default_out
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # the default folder is linvit's own (results written before the record existed are replaced); --out may be the
+    # user's: its files are replaced only when linvit wrote them, or with --force (checked before measuring)
+    force = bool(getattr(args, "force", False)) or not args.out
+    out_dir = prepare_folder(out_dir)
+    check_destination(out_dir / "results.json", RESULTS_KIND, force=force)
+    for name in REPORT_FILES:
+        check_destination(out_dir / name, "plot" if name.endswith(".png") else "bench-report", force=force)
     started = datetime.datetime.now(datetime.timezone.utc)
     print(f"linvit benchmarks -> {out_dir} ({', '.join(settings['suites'])}; {settings['dtype']} on {args.device})")
 
@@ -337,10 +356,10 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
         "settings": {k: v for k, v in settings.items() if k not in ("heads", "sizes", "code_root")},
         "machine": {k: v for k, v in machine.items() if k not in ("event", "key", "kind", "case", "status")},
     }
-    data = _merge(out_dir, run_info, records)
+    data = _merge(out_dir, run_info, records, force=force)
     from linvit.bench.report import write_report
 
-    report = write_report(out_dir, data)
+    report = write_report(out_dir, data, force=force)
     print(f"wrote {report}")
     return 0
 

@@ -10,8 +10,9 @@ layout of timm's ``local-dir:`` source: ``DST/model.safetensors`` (the same tens
 DST) and ``DST/config.json`` in timm's hub format (``architecture``, ``num_classes``, ``num_features``, the model's
 ``pretrained_cfg`` at the size it is built at, and ``model_args``: the creation arguments below). It loads with
 ``timm.create_model("local-dir:DST", pretrained=True)``, no other argument; ``linvit predict`` / ``linvit export``
-take the folder as ``--checkpoint``. A folder that holds files is refused without ``--force`` (which replaces those
-two files and leaves the others).
+take the folder as ``--checkpoint``. A file that exists and that linvit did not write (the folder's record, see
+:mod:`linvit.io.destination`) is refused without ``--force`` (which, in a folder, replaces those two files and leaves
+the others, temporary-looking names included); SRC itself is never replaced.
 
 Without ``--model`` the model is inferred: every registered linvit model whose family filter maps SRC onto it exactly
 is a candidate, and the one whose tensors need the least resizing wins (ties are an error listing the candidates).
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from linvit.commands._checkpoint_fit import Misfit, family_filter, infer_creation, reduction_options
+from linvit.io.destination import DestinationError, check_destination, check_not_input, prepare_folder, write_file
 
 HELP = "Convert a foreign checkpoint (e.g. the FLatten authors' .pth) into linvit safetensors weights."
 
@@ -46,6 +48,11 @@ _MODEL_PATTERNS = ("flatten_*", "linvit_*")
 
 WEIGHTS_NAME = "model.safetensors"  # the names timm's local-dir source reads first
 CONFIG_NAME = "config.json"
+# the kinds of the folder's record of what linvit wrote (linvit.io.destination): the same as `linvit export`'s
+# (linvit.train.runs.export), so that either may replace what the other wrote in one folder
+WEIGHTS_KIND = "safetensors"
+CONFIG_KIND = "timm-config"
+STATE_DICT_KIND = "state-dict"  # a .pth/.pt/.bin DST, in the folder's record of what linvit wrote
 _FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 # pretrained_cfg fields that name the registry's weights (their source, their tag): the folder is their source now
 # (timm's local-dir source sets `file` and `source` to it)
@@ -102,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="overwrite DST if it exists (a folder: its model.safetensors and config.json; other files stay)",
+        help="replace DST when it exists and linvit did not write it (a folder: only its model.safetensors and "
+        "config.json; other files stay); SRC itself is never replaced",
     )
 
 
@@ -295,18 +303,25 @@ def convert_checkpoint(
     use_ema: bool = False,
     trusted: bool = False,
     creation: dict[str, Any] | None = None,
+    force: bool = False,
 ) -> Conversion:
     """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None, which needs no ``creation``).
 
     ``creation`` (e.g. ``img_size`` and options) is kept as given; the options and training size the weights
     determine are added (`infer_creation`), then ``num_classes`` / ``in_chans`` where the weights differ from the
     defaults. All of them are recorded in a safetensors file's metadata (``model_args``), and in the ``config.json``
-    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it."""
+    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it.
+
+    Every file is written through :func:`linvit.io.destination.write_file` (temporary name in its folder, rename,
+    recorded): one that exists and that linvit did not write as that kind is refused unless ``force``, and SRC itself
+    always (:class:`~linvit.io.destination.DestinationError`)."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
     from linvit.io import extract_model_state_dict, load_checkpoint_file
 
+    if not is_folder_destination(dst):
+        _check_destinations(src, _destinations(dst), force)  # before the minutes of inference, not after
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
     creation = dict(creation or {})
@@ -331,56 +346,51 @@ def convert_checkpoint(
         if conversion.inferred:
             metadata["inferred_model_args"] = json.dumps(conversion.inferred)
         if not folder:
-            save_file(tensors, str(dst), metadata=metadata)
+            write_file(dst, lambda path: save_file(tensors, str(path), metadata=metadata), WEIGHTS_KIND, force=force)
             return conversion
         config = hub_config(model_name, conversion.model_args)
-        out = Path(dst)
-        out.mkdir(parents=True, exist_ok=True)
-        _write_replacing(out / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata))
         text = json.dumps(config, indent=2) + "\n"
-        _write_replacing(out / CONFIG_NAME, lambda path: path.write_text(text))
+        out = prepare_folder(dst)
+        # both checked before either is written; --force replaces these two and nothing else in the folder
+        _check_destinations(src, [(out / WEIGHTS_NAME, WEIGHTS_KIND), (out / CONFIG_NAME, CONFIG_KIND)], force)
+        write_file(
+            out / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata), WEIGHTS_KIND, force=force
+        )
+        write_file(out / CONFIG_NAME, lambda path: path.write_text(text), CONFIG_KIND, force=force)
     else:
-        torch.save(tensors, dst)
+        write_file(dst, lambda path: torch.save(tensors, path), STATE_DICT_KIND, force=force)
     return conversion
 
 
-def _write_replacing(path: Path, write) -> None:
-    """Write ``path`` through a temporary file beside it: a failed write leaves no half file under its name."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+def _check_destinations(src: str, destinations: list[tuple[Path, str]], force: bool) -> None:
+    """Refuse (DestinationError, one line) a destination that is SRC itself, or exists and was not written by linvit
+    as that kind (unless ``force``), or cannot be written."""
+    for path, kind in destinations:
+        check_not_input(path, src)
+        check_destination(path, kind, force=force)
 
 
-def _folder_refusal(dst: str) -> str | None:
-    """Why a folder DST cannot be written without --force (it holds files), or cannot be written at all."""
-    path = Path(dst)
-    if path.exists() and not path.is_dir():
-        return f"{dst} is a file, not a folder; name a new folder, or a .safetensors/.pth file to write one file."
-    if path.is_dir() and any(path.iterdir()):
-        return (
-            f"the folder {dst} is not empty; pass --force to replace its {WEIGHTS_NAME} and {CONFIG_NAME} (other "
-            "files stay), or name a new folder."
-        )
-    return None
+def _destinations(dst: str) -> list[tuple[Path, str]]:
+    """The files ``linvit convert`` writes for DST, with their kinds."""
+    if is_folder_destination(dst):
+        folder = Path(dst)
+        return [(folder / WEIGHTS_NAME, WEIGHTS_KIND), (folder / CONFIG_NAME, CONFIG_KIND)]
+    kind = WEIGHTS_KIND if str(dst).endswith(".safetensors") else STATE_DICT_KIND
+    return [(Path(dst), kind)]
 
 
 def run(args: argparse.Namespace) -> int:
     folder = is_folder_destination(args.dst)
-    if folder:
-        refusal = _folder_refusal(args.dst)
-        if refusal is not None and (not args.force or not Path(args.dst).is_dir()):
-            print(f"error: {refusal}", file=sys.stderr)
-            return 2
-    elif os.path.exists(args.dst) and not args.force:
-        print(f"error: {args.dst} exists; pass --force to overwrite it.", file=sys.stderr)
-        return 2
     try:
+        if folder and Path(args.dst).exists() and not Path(args.dst).is_dir():
+            raise DestinationError(
+                f"cannot write into '{args.dst}': it is a file, not a folder; name a new folder, or a "
+                ".safetensors/.pth file to write one file"
+            )
+        _check_destinations(args.src, _destinations(args.dst), args.force)  # refused before anything is read
         creation = _creation_arguments(args)
         conversion = convert_checkpoint(
-            args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted, creation=creation
+            args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted, creation=creation, force=args.force
         )
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)

@@ -4,6 +4,10 @@
   timm ``config.json``;
 - ``linvit export RUN_DIR --format onnx`` or ``linvit export --model NAME [--checkpoint FILE] --format onnx``: an ONNX
   file with dynamic batch, height and width (``--format pt2``: a ``torch.export`` program, AOTInductor-compilable).
+
+Every file is written under a temporary name in its folder and renamed into place (:mod:`linvit.io.destination`): a
+kill leaves the old file or the new one. A destination that exists and that linvit did not write as that format is
+refused without ``--force`` (which replaces only the files the export writes); the input checkpoint never.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="safetensors: output folder (default: the run directory); onnx/pt2: output file (default: "
         "<run>/model.onnx or <NAME>.onnx in the current folder, .pt2 likewise)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing --out that linvit did not write as this format (only the files the export writes; "
+        "never the input checkpoint itself)",
+    )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's current one)")
     parser.add_argument(
         "--features-only",
@@ -76,13 +86,14 @@ def load_snippet(folder: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from linvit.io import allow_non_finite_weights
+    from linvit.io.destination import DestinationError
 
     with allow_non_finite_weights(args.allow_non_finite, opt_out="--allow-non-finite"):
-        if args.format == "safetensors":
-            return _export_weights(args)
         try:
+            if args.format == "safetensors":
+                return _export_weights(args)
             return _export_graph(args)
-        except RunConfigRefused as error:
+        except (RunConfigRefused, DestinationError) as error:  # a refused config; a destination not to write
             sys.stderr.write(f"linvit export: {error}\n")
             return 1
         except (ValueError, FileNotFoundError, ImportError) as error:
@@ -119,8 +130,14 @@ def _export_weights(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         out = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    from linvit.io.destination import DestinationError
+
     try:
-        weights = export_checkpoint(checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted")
+        weights = export_checkpoint(
+            checkpoint, out, ema=args.ema, trusted=args.trusted, opt_in="--trusted", force=args.force
+        )
+    except DestinationError:
+        raise
     except ValueError as error:
         return _fail(str(error))
     kind = "EMA" if args.ema else "raw"
@@ -159,18 +176,22 @@ def _export_graph(args: argparse.Namespace) -> int:
     if (args.run is None) == (args.model is None):
         return _fail("give a run directory (or .ckpt) or --model NAME, not both and not neither.")
     if args.run is not None:
-        model, source, default_out = _model_from_run(args)
+        model, source, default_out, inputs = _model_from_run(args)
     else:
-        model, source = _model_from_name(args)
+        model, source, inputs = _model_from_name(args)
         default_out = Path(f"{args.model}.{args.format}")
     out = args.out or default_out
     if out.suffix != f".{args.format}":
         out = out.with_name(out.name + f".{args.format}") if out.suffix == "" else out
+    from linvit.io.destination import check_destination, check_not_input
+
+    check_not_input(out, *inputs)
+    check_destination(out, args.format, force=args.force)  # refused before the export's minutes, not after
     program = export_program(model)
     if args.format == "pt2":
-        path = save_program(program, out)
+        path = save_program(program, out, force=args.force, inputs=inputs)
     else:
-        path = export_onnx(model, out, opset=args.opset, program=program)
+        path = export_onnx(model, out, opset=args.opset, program=program, force=args.force, inputs=inputs)
     height, width = native_size(model)
     traced = "x".join(str(side) for side in example_size(model))
     sys.stdout.write(
@@ -213,7 +234,10 @@ def _model_from_name(args: argparse.Namespace):
     else:
         model = build_model(args.model, checkpoint, side_config)
     source = args.model + (f" ({checkpoint})" if checkpoint else " (random weights)")
-    return model.eval(), source
+    inputs = [args.checkpoint, checkpoint]
+    if checkpoint is not None:
+        inputs.append(Path(checkpoint).with_name("config.json"))  # the side config read beside the weights
+    return model.eval(), source, inputs
 
 
 def _model_from_run(args: argparse.Namespace):
@@ -248,4 +272,4 @@ def _model_from_run(args: argparse.Namespace):
             raise ValueError(f"the run's weights lack {len(missing)} backbone tensors, e.g. {missing[0]!r}.")
     run_dir = checkpoint_path.parent.parent if checkpoint_path.parent.name == "checkpoints" else checkpoint_path.parent
     kind = "EMA" if args.ema else "raw"
-    return model.eval(), f"{checkpoint_path} ({kind} weights)", run_dir / f"model.{args.format}"
+    return model.eval(), f"{checkpoint_path} ({kind} weights)", run_dir / f"model.{args.format}", [checkpoint_path]

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-dtype", choices=("fp32", "fp16", "bf16"), default="fp32", help="dtype of saved maps")
     parser.add_argument("--pad-to-stride", action="store_true", help="pad inputs to a multiple of the largest stride")
     parser.add_argument("--no-png", action="store_true", help="do not write the PCA PNGs")
+    parser.add_argument(
+        "--force", action="store_true", help="replace output files that exist and that linvit did not write"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_image_limit_arguments(parser)
 
@@ -49,9 +52,15 @@ def run(args: argparse.Namespace) -> int:
         save_features,
         unique_stems,
     )
+    from linvit.io.destination import DestinationError, check_destination
     from linvit.viz.pca import plot_feature_pca
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    try:
+        check_destination(Path(args.output) / args.name, "features", force=args.force)  # before the model runs
+    except DestinationError as error:
+        print(f"linvit extract: error: {error}", file=sys.stderr)
+        return 1
     try:
         size = parse_size(args.size)
         check_model_name(args.model)
@@ -92,7 +101,13 @@ def run(args: argparse.Namespace) -> int:
             for stem, source, image, tensor in zip(stems, args.images, images, inputs)
         },
     }
-    path = save_features(output / args.name, dict(zip(stems, features)), metadata, dtype=dtypes[args.save_dtype])
+    try:
+        path = save_features(
+            output / args.name, dict(zip(stems, features)), metadata, dtype=dtypes[args.save_dtype], force=args.force
+        )
+    except DestinationError as error:
+        print(f"linvit extract: error: {error}", file=sys.stderr)
+        return 1
     print(f"wrote {path} ({len(stems)} image(s), {len(backbone.strides)} levels, strides {backbone.strides})")
     if not args.no_png:
         weights = "checkpoint weights" if args.checkpoint else "random-init weights"
@@ -104,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
                     0, 1
                 )
                 shown = (shown.numpy() * 255).round().astype("uint8")
-            png = plot_feature_pca(
-                shown,
-                levels,
-                backbone.strides,
-                output / f"{stem}_pca.png",
-                title=f"{args.model} ({weights}): PCA of features",
-            )
+            try:
+                png = plot_feature_pca(
+                    shown,
+                    levels,
+                    backbone.strides,
+                    output / f"{stem}_pca.png",
+                    title=f"{args.model} ({weights}): PCA of features",
+                    force=args.force,
+                )
+            except DestinationError as error:
+                print(f"linvit extract: error: {error}", file=sys.stderr)
+                return 1
             print(f"wrote {png}")
     return 0

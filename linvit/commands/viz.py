@@ -17,6 +17,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default=None, help="resize the image to HxW first (default native size)")
     parser.add_argument("--focusing-factor", type=float, default=3.0, help="p of the focused kernel (default 3)")
     parser.add_argument("--output", "-o", required=True, help="PNG to write")
+    parser.add_argument(
+        "--force", action="store_true", help="replace --output when it exists and linvit did not write it"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
     from linvit.dense.backbone import check_model_name
     from linvit.dense.extract import load_image, parse_size
+    from linvit.io.destination import DestinationError, check_destination
     from linvit.viz.plots import backbone_features, plot_attention_comparison, plot_rank_study, rank_study
 
+    try:
+        check_destination(args.output, "plot", force=args.force)  # before the model runs
+    except DestinationError as error:
+        print(f"linvit viz: error: {error}", file=sys.stderr)
+        return 1
     try:
         check_model_name(args.model)
         image = load_image(args.image)
@@ -56,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             if len(query) != 2:
                 raise ValueError(f"--query must be y,x (two numbers), got {args.query!r}.")
             spread = plot_attention_comparison(
-                image, features, query, args.output, focusing_factor=args.focusing_factor, note=note
+                image, features, query, args.output, focusing_factor=args.focusing_factor, note=note, force=args.force
             )
             summary = ", ".join(f"{k} {v:.0f}" for k, v in spread.items())
             print(f"wrote {args.output} (tokens each kernel spreads over: {summary})")
@@ -65,9 +74,12 @@ def run(args: argparse.Namespace) -> int:
             study = rank_study(
                 features, grids, args.head_dim, args.dwc_kernel_size, focusing_factor=args.focusing_factor
             )
-            plot_rank_study(study, args.output, note=note + "; DWC kernel: PyTorch default init")
+            plot_rank_study(study, args.output, note=note + "; DWC kernel: PyTorch default init", force=args.force)
             ranks = "; ".join(f"{k}: {v}" for k, v in study["rank"].items())
             print(f"wrote {args.output} (N = {study['N']}; ranks {ranks})")
+    except DestinationError as error:  # the PNG cannot be written: unwritable folder, disk full
+        print(f"linvit viz: error: {error}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, ImportError) as error:
         print(f"linvit viz: error: {error}", file=sys.stderr)
         return 2

@@ -148,20 +148,22 @@ def save_features(
     features: dict[str, list[Tensor]],
     metadata: dict[str, object],
     dtype: torch.dtype = torch.float32,
+    force: bool = False,
 ) -> Path:
-    """Write ``{stem: [level maps]}`` as ``<stem>/level{i}`` tensors with JSON-encoded ``metadata``."""
+    """Write ``{stem: [level maps]}`` as ``<stem>/level{i}`` tensors with JSON-encoded ``metadata``, through
+    :func:`linvit.io.destination.write_file` (a file linvit did not write there: refused unless ``force``)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from linvit.io.destination import prepare_folder, write_file
+
+    path = prepare_folder(Path(path).parent) / Path(path).name
     tensors = {
         f"{stem}/level{i}": level.to(dtype).contiguous()
         for stem, levels in features.items()
         for i, level in enumerate(levels)
     }
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
-    save_file(tensors, str(path), metadata=encoded)
-    return path
+    return write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=encoded), "features", force=force)
 
 
 def load_features(path: str | os.PathLike) -> tuple[dict[str, list[Tensor]], dict[str, object]]:

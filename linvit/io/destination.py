@@ -11,7 +11,12 @@
 - The SHA-256 in the record is also what :func:`recorded_sha256` gives the loaders, which check a file against it
   before use (a byte flipped after the save is then named, not loaded).
 - Failures of the file system (a full disk, a read-only or missing folder, a destination that is a folder) raise
-  :class:`DestinationError`, one line naming the path.
+  :class:`DestinationError`, one line naming the path; so does a destination that is the command's own input
+  (:func:`check_not_input`, even with ``--force``).
+- Writers that must name their file themselves use a temporary name of ours: :func:`move_into_place` renames and
+  records it (a checkpoint Lightning saves on every rank); :func:`staging_folder` holds files written together under
+  their final names (ONNX with external data). :func:`remove_own_temporaries` removes what a kill left of either,
+  and nothing else.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +38,17 @@ __all__ = [
     "TEMPORARY_SUFFIX",
     "DestinationError",
     "check_destination",
+    "check_not_input",
     "file_sha256",
+    "move_into_place",
+    "prepare_folder",
     "recorded_sha256",
+    "refuse_os_error",
     "remove_own_temporaries",
+    "save_figure",
+    "staging_folder",
     "write_file",
+    "write_text",
 ]
 
 RECORD_NAME = ".linvit-written.json"
@@ -139,6 +152,25 @@ def check_destination(
     )
 
 
+def check_not_input(path: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:
+    """Raise :class:`DestinationError` when ``path`` is one of the files a command reads (the same file, also
+    through a link): a destination never replaces its own input, even with ``--force``."""
+    for source in inputs:
+        if source is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, source):
+                raise DestinationError(
+                    f"cannot write '{path}': it is the input '{source}' itself; name another destination"
+                )
+
+
+def refuse_os_error(path: str | os.PathLike, error: OSError) -> DestinationError:
+    """The one-line :class:`DestinationError` for a failure of the file system writing ``path`` (a full disk, a
+    read-only or missing folder, ...)."""
+    return _problem(Path(path), error)
+
+
 def _fsync_directory(directory: Path) -> None:
     with contextlib.suppress(OSError):
         handle = os.open(directory, os.O_RDONLY)
@@ -202,15 +234,95 @@ def write_file(
     return path
 
 
+def move_into_place(
+    temporary: str | os.PathLike,
+    path: str | os.PathLike,
+    kind: str,
+    *,
+    force: bool = False,
+    force_option: str = "--force",
+) -> Path:
+    """Rename a complete file that a writer of linvit wrote under a temporary name in ``path``'s folder onto ``path``
+    and record it as ``kind``, for writers that must name their file themselves (e.g. a checkpoint saved by Lightning
+    on every rank). The destination is checked as by :func:`write_file`; on refusal or failure the temporary file is
+    removed. Returns ``path``."""
+    temporary, path = Path(temporary), Path(path)
+    try:
+        check_destination(path, kind, force=force, force_option=force_option)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _fsync_directory(path.parent)
+        _update_record(path, kind)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise _problem(path, error) from None
+        raise
+    return path
+
+
+def prepare_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` created if missing; :class:`DestinationError` naming it when it is a file
+    or cannot be created (read-only, under a file, disk full)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise DestinationError(f"cannot write into '{folder}': it is a file, not a folder; name a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _problem(folder, error) from None
+    return folder
+
+
+def staging_folder(path: str | os.PathLike) -> Path:
+    """A new hidden folder beside ``path`` (named like its temporary files) for a writer that writes several files
+    at once under their final names (ONNX with external data); move them out with :func:`move_into_place`, then
+    remove it. :func:`remove_own_temporaries` removes one a kill left behind."""
+    path = Path(path)
+    folder = _temporary_name(path)
+    try:
+        folder.mkdir()
+    except OSError as error:
+        raise _problem(path, error) from None
+    return folder
+
+
+def save_figure(
+    figure: Any, path: str | os.PathLike, *, force: bool = False, kind: str = "plot", **options: Any
+) -> Path:
+    """``figure.savefig`` through :func:`write_file` (its folder created): the format from ``path``'s suffix (PNG
+    without one), ``options`` to ``savefig`` (e.g. ``dpi``). Returns ``path``."""
+    path = prepare_folder(Path(path).parent) / Path(path).name
+    image_format = options.pop("format", None) or path.suffix[1:].lower() or "png"
+    return write_file(
+        path, lambda temporary: figure.savefig(temporary, format=image_format, **options), kind, force=force
+    )
+
+
+def write_text(path: str | os.PathLike, text: str, kind: str, *, force: bool = False) -> Path:
+    """``text`` (UTF-8) to ``path`` through :func:`write_file`, its folder created. Returns ``path``."""
+    path = prepare_folder(Path(path).parent) / Path(path).name
+    return write_file(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), kind, force=force)
+
+
 def remove_own_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files a killed :func:`write_file` left in ``folder`` (their names end in
-    :data:`TEMPORARY_SUFFIX`; nobody else's file is touched). Returns what was removed."""
+    """Delete the temporary files (and :func:`staging_folder` folders) a killed writer left in ``folder``: hidden
+    names ending in :data:`TEMPORARY_SUFFIX`, nobody else's file is touched. Call it when no writer of linvit is
+    active in ``folder``. Returns what was removed."""
     removed = []
     folder = Path(folder)
     if folder.is_dir():
-        for leftover in folder.glob(f".*{TEMPORARY_SUFFIX}"):
+        for leftover in sorted(folder.glob(f".*{TEMPORARY_SUFFIX}")):
             with contextlib.suppress(OSError):
-                if leftover.is_file() and not leftover.is_symlink():
+                if leftover.is_symlink():
+                    continue
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                elif leftover.is_file():
                     leftover.unlink()
-                    removed.append(leftover)
+                else:
+                    continue
+                removed.append(leftover)
     return removed

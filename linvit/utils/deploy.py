@@ -125,12 +125,33 @@ def _dense_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (args[0].contiguous(), *args[1:])
 
 
-def save_program(program: torch.export.ExportedProgram, path: str | os.PathLike) -> Path:
-    """Write an exported program as a ``.pt2`` archive (``torch.export.load`` reads it back)."""
+def save_program(
+    program: torch.export.ExportedProgram,
+    path: str | os.PathLike,
+    *,
+    force: bool = False,
+    inputs: Sequence[str | os.PathLike | None] = (),
+) -> Path:
+    """Write an exported program as a ``.pt2`` archive (``torch.export.load`` reads it back).
+
+    Through :func:`linvit.io.destination.write_file`: a temporary file in ``path``'s folder renamed into place (a kill
+    leaves the old file or the new one); an existing ``path`` that linvit did not write as ``pt2`` is refused unless
+    ``force``, and one of ``inputs`` (the files the model came from) always (:class:`DestinationError`).
+    """
+    from linvit.io.destination import check_not_input, refuse_os_error, write_file
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, str(path))
-    return path
+    check_not_input(path, *inputs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise refuse_os_error(path, error) from None
+
+    def save(temporary: Path) -> None:
+        with open(temporary, "wb") as file:  # a file object: torch wants a path ending in .pt2 or a buffer
+            torch.export.save(program, file)
+
+    return write_file(path, save, "pt2", force=force)
 
 
 def output_names(model: nn.Module, outputs: Any) -> list[str]:
@@ -162,26 +183,64 @@ def export_onnx(
     opset: int | None = None,
     size: tuple[int, int] | None = None,
     program: torch.export.ExportedProgram | None = None,
+    *,
+    force: bool = False,
+    inputs: Sequence[str | os.PathLike | None] = (),
 ) -> Path:
     """Write the model as ONNX with dynamic batch, height and width (input ``image``, outputs named by
     :func:`output_names`); returns the path.
 
     ``opset``: the ONNX opset (default: the exporter's current default). ``size``: see :func:`export_program`.
-    ``program``: an already exported program of this model (saves tracing again).
+    ``program``: an already exported program of this model (saves tracing again). ``force`` and ``inputs``: as for
+    :func:`save_program`.
+
+    A model whose weights fit in ONNX's 2 GB is one file, written under a temporary name and renamed into place. A
+    larger one needs its weights in ``<name>.data`` beside it: both are written in a hidden staging folder beside
+    ``path`` and moved out, the data first and the ``.onnx`` last, so the ``.onnx`` under its final name is always a
+    complete file (a kill between the two moves leaves the old ``.onnx`` beside the new data).
     """
+    from linvit.io.destination import check_destination, check_not_input, refuse_os_error
+
     _require_onnx()
+    path = Path(path)
+    check_not_input(path, *inputs)
+    check_destination(path, "onnx", force=force)  # before the export's minutes, not after
     if program is None:
         program = export_program(model, size)
     example = _example_input(model, size)
     outputs = output_names(model, _output_structure(program))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {"dynamo": True, "verbose": False, "input_names": [INPUT_NAME], "output_names": outputs}
     if opset is not None:
         options["opset_version"] = opset
     with _export_settings(), _quiet():
-        torch.onnx.export(program, (example,), str(path), **options)
+        onnx_program = torch.onnx.export(program, (example,), None, **options)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise refuse_os_error(path, error) from None
+    _save_onnx(onnx_program, path, force)
     return path
+
+
+def _save_onnx(onnx_program: Any, path: Path, force: bool) -> None:
+    """Save an ``ONNXProgram`` in one file (or with ``<name>.data`` when over 2 GB) without a partial final file."""
+    import shutil
+
+    from linvit.io.destination import move_into_place, refuse_os_error, staging_folder
+
+    staging = staging_folder(path)
+    try:
+        staged = staging / path.name
+        try:
+            onnx_program.save(staged, external_data=False)  # one file unless the weights pass 2 GB
+        except OSError as error:
+            raise refuse_os_error(path, error) from None
+        data = staging / f"{path.name}.data"
+        if data.exists():
+            move_into_place(data, path.with_name(data.name), "onnx-data", force=force)
+        move_into_place(staged, path, "onnx", force=force)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _output_structure(program: torch.export.ExportedProgram) -> Any:

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from linvit.io.destination import save_figure
+
 __all__ = ["pca_components", "pca_rgb", "plot_feature_pca"]
 
 
@@ -54,8 +56,10 @@ def plot_feature_pca(
     path: str | os.PathLike,
     title: str | None = None,
     dpi: int = 100,
+    force: bool = False,
 ) -> Path:
-    """The image beside the PCA colours of each level's features; one row, written to ``path`` (PNG)."""
+    """The image beside the PCA colours of each level's features; one row, written to ``path`` (PNG) through
+    :func:`linvit.io.destination.save_figure` (a file linvit did not write there: refused unless ``force``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -75,8 +79,8 @@ def plot_feature_pca(
     if title:
         figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi)
-    plt.close(figure)
+    try:
+        path = save_figure(figure, path, dpi=dpi, force=force)  # a file linvit did not write: refused unless force
+    finally:
+        plt.close(figure)
     return path

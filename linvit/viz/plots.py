@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linvit.io.destination import save_figure
 from linvit.viz.attention import (
     KERNEL_LABELS,
     VIZ_KERNELS,
@@ -87,8 +88,12 @@ def plot_attention_comparison(
     focusing_factor: float = 3.0,
     note: str = "",
     dpi: int = 100,
+    force: bool = False,
 ) -> dict[str, float]:
     """One PNG: the image with the query point, then each kernel's attention row over the image.
+
+    ``path`` is written through :func:`linvit.io.destination.save_figure`: a file linvit did not write there is
+    refused unless ``force``.
 
     Returns each kernel's perplexity (tokens the row effectively spreads over), also shown in the titles.
     """
@@ -125,10 +130,10 @@ def plot_attention_comparison(
     )
     figure.text(0.5, 0.01, caption + (f"\n{note}" if note else ""), ha="center", va="bottom", fontsize=7.5)
     figure.tight_layout(rect=(0, 0.09, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi)
-    plt.close(figure)
+    try:
+        path = save_figure(figure, path, dpi=dpi, force=force)  # a file linvit did not write: refused unless force
+    finally:
+        plt.close(figure)
     return spread
 
 
@@ -191,8 +196,11 @@ def rank_study(
     }
 
 
-def plot_rank_study(study: dict[str, object], path: str | os.PathLike, note: str = "", dpi: int = 110) -> Path:
-    """Two panels: rank versus N (with the N and d bounds), and normalised singular values at the largest N."""
+def plot_rank_study(
+    study: dict[str, object], path: str | os.PathLike, note: str = "", dpi: int = 110, force: bool = False
+) -> Path:
+    """Two panels: rank versus N (with the N and d bounds), and normalised singular values at the largest N (written
+    as :func:`plot_attention_comparison` writes)."""
     plt = _pyplot()
     n_values = study["N"]
     head_dim = study["head_dim"]
@@ -232,8 +240,8 @@ def plot_rank_study(study: dict[str, object], path: str | os.PathLike, note: str
     if note:
         figure.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=7.5)
     figure.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi)
-    plt.close(figure)
+    try:
+        path = save_figure(figure, path, dpi=dpi, force=force)  # a file linvit did not write: refused unless force
+    finally:
+        plt.close(figure)
     return path

@@ -92,8 +92,12 @@ def test_convert_deit_with_model_name_and_ema(tmp_path, yacs_module):
     assert main(["convert", str(src), str(dst), "--model", name, "--ema"]) == 0
     model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)})
     torch.testing.assert_close(model.blocks[3].attn.positional_encoding, ema["blocks.3.attn.positional_encoding"])
-    # A second run refuses to overwrite without --force; inference picks DeiT from the keys alone.
-    assert main(["convert", str(src), str(dst)]) == 2
+    # A second run replaces what linvit wrote without --force; inference picks DeiT from the keys alone. A file
+    # linvit did not write there is refused without --force.
+    assert main(["convert", str(src), str(dst)]) == 0
+    dst.write_bytes(b"the user's own file")
+    assert main(["convert", str(src), str(dst)]) == 1
+    assert dst.read_bytes() == b"the user's own file"
     assert main(["convert", str(src), str(dst), "--force"]) == 0
     loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(dst)})
     torch.testing.assert_close(loaded.head.weight, regular["head.weight"])
@@ -407,7 +411,7 @@ def test_convert_to_a_folder_loads_with_local_dir(tmp_path, yacs_module, capsys)
     assert main(["convert", str(src), str(folder), "--model", name, "--model-kwargs", json.dumps(kwargs)]) == 0
     captured = capsys.readouterr()
     assert "resized" not in captured.err, captured.err
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == [".linvit-written.json", "config.json", "model.safetensors"]
     model_args = {**kwargs, "img_size": 256, "num_classes": 10}
 
     config = json.loads((folder / "config.json").read_text())
@@ -439,9 +443,10 @@ def test_convert_to_a_folder_loads_with_local_dir(tmp_path, yacs_module, capsys)
 
 
 def test_convert_folder_refusals_and_force(tmp_path, capsys):
-    """A folder that holds files is refused without --force (and a file where a folder is named, even with it);
-    --force replaces model.safetensors and config.json and leaves the rest; an empty folder, or a path ending in
-    '/', is written without it. predict and export take the folder as --checkpoint."""
+    """A folder whose model.safetensors / config.json linvit did not write is refused without --force (and a file
+    where a folder is named, even with it); --force replaces those two and leaves the rest; other files in it, an
+    empty folder, or a path ending in '/', are written without it. predict and export take the folder as
+    --checkpoint."""
     import numpy as np
     from PIL import Image
 
@@ -452,11 +457,18 @@ def test_convert_folder_refusals_and_force(tmp_path, capsys):
     folder = tmp_path / "weights.v1"  # a suffix that is not a weight file's: a folder
     folder.mkdir()
     (folder / "README.md").write_text("mine\n")
-    assert main(["convert", str(src), str(folder), "--model", "linvit_nano"]) == 2
+    (folder / "config.json").write_text("{}\n")  # not linvit's
+    assert main(["convert", str(src), str(folder), "--model", "linvit_nano"]) == 1
     err = capsys.readouterr().err
-    assert "not empty" in err and "--force" in err and str(folder) in err, err
+    assert "did not write" in err and "--force" in err and str(folder / "config.json") in err, err
+    assert (folder / "config.json").read_text() == "{}\n" and not (folder / "model.safetensors").exists()
     assert main(["convert", str(src), str(folder), "--model", "linvit_nano", "--force"]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".linvit-written.json",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
     assert (folder / "README.md").read_text() == "mine\n"
     assert json.loads((folder / "config.json").read_text())["model_args"] == {"num_classes": 10}
 
@@ -475,7 +487,7 @@ def test_convert_folder_refusals_and_force(tmp_path, capsys):
     afile = tmp_path / "plainfile"
     afile.write_text("x")
     for extra in ([], ["--force"]):
-        assert main(["convert", str(src), str(afile), "--model", "linvit_nano", *extra]) == 2
+        assert main(["convert", str(src), str(afile), "--model", "linvit_nano", *extra]) == 1
         assert "is a file, not a folder" in capsys.readouterr().err
     assert afile.read_text() == "x"
 
@@ -488,6 +500,8 @@ def test_convert_folder_refusals_and_force(tmp_path, capsys):
     from linvit.commands.export import _model_from_name  # export --model NAME --checkpoint FOLDER builds this
 
     options = {"trusted": False, "num_classes": None, "features_only": False}
-    exported, source = _model_from_name(types.SimpleNamespace(model="linvit_nano", checkpoint=str(folder), **options))
+    exported, source, _ = _model_from_name(
+        types.SimpleNamespace(model="linvit_nano", checkpoint=str(folder), **options)
+    )
     assert exported.num_classes == 10 and source.endswith("model.safetensors)"), source
     torch.testing.assert_close(exported.head.fc.weight, state["head.fc.weight"], rtol=0, atol=0)

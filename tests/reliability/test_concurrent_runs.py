@@ -168,9 +168,9 @@ def test_checkpoint_temporary_files_are_named_per_writer(tmp_path, monkeypatch):
     trainer.fit(ImageClassifier("test_resnet", num_classes=4), loader, loader)
     assert len(used) >= 3 and len(set(used)) == len(used), used  # last twice, best at least once; never one name twice
     for path in map(Path, used):
-        assert path.name.startswith((".best.ckpt.", ".last.ckpt.")) and path.name.endswith(".tmp")
+        assert path.name.startswith((".best.ckpt.", ".last.ckpt.")) and path.name.endswith(".linvit-tmp")
         assert f".{os.getpid()}-" in path.name
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".linvit-written.json", "best.ckpt", "last.ckpt"]
     # a kill between write and rename leaves one; the next run's start removes it
     leftover = unique_temporary(tmp_path / "last.ckpt")
     leftover.write_bytes(b"half")

@@ -113,7 +113,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(log_dir, refere
     last = _run_dir(log_dir, "killed") / "checkpoints" / "last.ckpt"
     assert last.is_file(), "the first epoch's checkpoint is missing after the kill"
     assert _ckpt_step(last) == STEPS_PER_EPOCH  # loads: intact; from the end of the first epoch
-    assert not list(last.parent.glob("*.tmp")), "a temporary checkpoint file was left behind"
+    assert not list(last.parent.glob("*.linvit-tmp")), "a temporary checkpoint file was left behind"
 
     _train(log_dir, "killed")  # same run_name: resumes from last.ckpt
     assert _outcome(log_dir, "killed") == reference
@@ -131,7 +131,7 @@ def test_sigterm_saves_a_checkpoint_before_exiting(log_dir, preempted):
     last = _run_dir(log_dir, preempted) / "checkpoints" / "last.ckpt"
     # the batch in flight finishes, then the save: one step more than when the signal came
     assert _ckpt_step(last) == STEPS_PER_EPOCH + 2
-    assert not list(last.parent.glob("*.tmp")), "a temporary checkpoint file was left behind"
+    assert not list(last.parent.glob("*.linvit-tmp")), "a temporary checkpoint file was left behind"
     assert not (log_dir / f"{preempted}.json").exists(), "the run went on training after SIGTERM"
 
 

@@ -1,5 +1,6 @@
 """Crash-safe checkpoint files and the non-finite loss guard (linvit/train/modules/fault_tolerance.py), in-process."""
 
+import errno
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from linvit.io.destination import RECORD_NAME, DestinationError
 from linvit.train.modules.fault_tolerance import (
     AtomicCheckpointing,
     AtomicCheckpointIO,
@@ -30,7 +32,7 @@ def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
     target.write_bytes(b"old")
     atomic_write(target, lambda file: file.write(b"new"))
     assert target.read_bytes() == b"new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "last.ckpt"]  # the record of what it wrote
 
 
 def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
@@ -39,10 +41,11 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
 
     def broken(file):
         file.write(b"half")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DestinationError, match="the disk is full") as error:
         atomic_write(target, broken)
+    assert str(target) in str(error.value) and "\n" not in str(error.value)
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
@@ -74,10 +77,12 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert process.returncode == -signal.SIGKILL
     checkpoint = AtomicCheckpointIO().load_checkpoint(target, weights_only=True)
     assert checkpoint["step"] == 1 and torch.equal(checkpoint["weight"], torch.arange(1000.0))
-    leftovers = [p for p in tmp_path.iterdir() if p.name != "last.ckpt"]
+    leftovers = [p for p in tmp_path.iterdir() if p.name not in ("last.ckpt", RECORD_NAME)]
     assert len(leftovers) == 1, "the killed save should leave exactly its temporary file"
+    assert leftovers[0].name.endswith(".linvit-tmp")
+    (tmp_path / ".notes.tmp").write_text("a user's file that looks temporary")
     assert remove_stale_temporaries(tmp_path) == leftovers
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".linvit-written.json", ".notes.tmp", "last.ckpt"]
 
 
 def test_atomic_checkpoint_io_round_trip_and_remote_paths_fall_back(tmp_path, monkeypatch):

@@ -269,9 +269,10 @@ class ImageFolderDataModule(TimmTransformDataModule):
             f"# test split of {self.root}: held out of train, {self.test_fraction:g} of each class, "
             f"split_seed {self.split_seed}; {len(files)} files, relative to {self.root}\n"
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + "".join(f"{name}\n" for name in files), encoding="utf-8")
-        return path
+        from linvit.io.destination import write_text
+
+        # the run's own file (an older linvit wrote it without a record): force
+        return write_text(path, header + "".join(f"{name}\n" for name in files), "test-split", force=True)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

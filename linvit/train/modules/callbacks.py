@@ -6,10 +6,12 @@ preemption) fit in beside them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -19,7 +21,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from linvit.io.destination import TEMPORARY_SUFFIX, DestinationError, move_into_place, prepare_folder, write_file
 from linvit.train.data.worker_signals import workers_block_sigterm
+from linvit.train.modules.fault_tolerance import CHECKPOINT_KIND
 
 _log = logging.getLogger(__name__)
 
@@ -101,10 +105,9 @@ class LearningCurves(Callback):
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
-        self.filename.parent.mkdir(parents=True, exist_ok=True)
-        temporary = unique_temporary(self.filename)
-        figure.savefig(temporary, dpi=110, format="png")
-        os.replace(temporary, self.filename)
+        prepare_folder(self.filename.parent)
+        # the run's own plot (force: an older linvit wrote it without a record)
+        write_file(self.filename, lambda tmp: figure.savefig(tmp, dpi=110, format="png"), "plot", force=True)
         return self.filename
 
 
@@ -160,9 +163,10 @@ class AtomicModelCheckpoint(ModelCheckpoint):
             return
         # a name of this writer's own: two processes saving into one directory never share a temporary file
         temporary = trainer.strategy.broadcast(str(unique_temporary(filepath)))
-        trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
+        with _naming(filepath, temporary):
+            trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
         if trainer.is_global_zero:
-            os.replace(temporary, filepath)
+            move_into_place(temporary, filepath, CHECKPOINT_KIND, force=True)  # the run's own file: recorded
         trainer.strategy.barrier("atomic_model_checkpoint")
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
@@ -272,17 +276,27 @@ def _save_atomically(trainer: Trainer, path: Path) -> None:
     """``trainer.save_checkpoint`` to a temporary name of this process beside ``path``, then rename onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = trainer.strategy.broadcast(str(unique_temporary(path)))  # every rank names the same file
-    trainer.save_checkpoint(temporary)
+    with _naming(path, temporary):
+        trainer.save_checkpoint(temporary)
     if trainer.is_global_zero:
-        os.replace(temporary, path)
+        move_into_place(temporary, path, CHECKPOINT_KIND, force=True)
     trainer.strategy.barrier("save_atomically")
 
 
-def unique_temporary(path: str | os.PathLike) -> Path:
-    """A temporary file name beside ``path`` that no other writer uses: ``.<name>.<pid>-<random>.tmp``.
+@contextlib.contextmanager
+def _naming(path: str | os.PathLike, temporary: str | os.PathLike) -> Iterator[None]:
+    """A :class:`DestinationError` (a full disk) while writing ``temporary`` names ``path``, the file the user knows."""
+    try:
+        yield
+    except DestinationError as error:
+        raise DestinationError(str(error).replace(str(temporary), str(path))) from None
 
-    Hidden and ending in ``.tmp``, so that :func:`linvit.train.modules.fault_tolerance.remove_stale_temporaries`
-    removes it when a kill left it behind.
+
+def unique_temporary(path: str | os.PathLike) -> Path:
+    """A temporary file name beside ``path`` that no other writer uses: ``.<name>.<pid>-<random>.linvit-tmp``.
+
+    Hidden and ending in :data:`linvit.io.destination.TEMPORARY_SUFFIX`, so that
+    :func:`linvit.io.destination.remove_own_temporaries` removes it when a kill left it behind (and nobody else's).
     """
     path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")

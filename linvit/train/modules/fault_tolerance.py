@@ -5,8 +5,10 @@ What Lightning 2.6 already does, and what this module adds:
 - Checkpoint files. ``TorchCheckpointIO`` serialises to memory and writes through an fsspec transaction whose
   temporary file lives in the system temp directory, so the final move is a copy when that directory is on another
   file system (a kill during the copy tears the file) and nothing is fsynced. :class:`AtomicCheckpointIO` writes
-  a temporary file beside the target, flushes, fsyncs, renames (``os.replace``, atomic on POSIX) and fsyncs the
-  directory: the target is always either the previous complete file or the new complete file.
+  through :func:`linvit.io.destination.write_file`: a temporary file beside the target, flushed, fsynced, renamed
+  (``os.replace``, atomic on POSIX), the directory fsynced, and the file recorded (kind ``checkpoint``, size,
+  SHA-256) in the folder's ``.linvit-written.json``: the target is always either the previous complete file or the
+  new complete file, and a full disk is one line naming it.
   :class:`AtomicCheckpointing` installs it from the callbacks config, so no trainer plugin config is needed.
 - SIGTERM. Lightning records SIGTERM and stops at the end of the training batch (``SIGTERMException``); on SLURM
   with ``auto_requeue`` it also saves an ``hpc_ckpt`` and requeues on the requeue signal (SIGUSR1). What it does not
@@ -19,11 +21,9 @@ What Lightning 2.6 already does, and what this module adds:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from linvit.io.destination import TEMPORARY_SUFFIX, prepare_folder, remove_own_temporaries, write_file
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -44,63 +46,41 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 NON_FINITE_ACTIONS = ("skip", "stop")
+CHECKPOINT_KIND = "checkpoint"  # in the folder's record of what linvit wrote (linvit.io.destination)
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/Inf loss, gradient or weight and the guard was told to stop."""
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename inside ``directory`` durable (no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        handle = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[Any], None], kind: str = "file", *, record: bool = True
+) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it and rename it onto ``path``.
 
-    A crash or kill at any moment leaves ``path`` as it was before (or absent) or complete, never torn. The temporary
-    file is removed if ``write`` raises. Returns ``path``.
+    Through :func:`linvit.io.destination.write_file` (``force=True``: the run's own files, which an older linvit
+    wrote without a record): a crash or kill at any moment leaves ``path`` as it was before (or absent) or complete,
+    never torn; the temporary file is removed if ``write`` raises; the file is recorded as ``kind`` in its folder
+    (``record=False``: not). A failure of the file system (a full disk, a read-only folder) is a
+    :class:`~linvit.io.destination.DestinationError` naming ``path``. Returns ``path``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
+    path = prepare_folder(Path(path).parent) / Path(path).name
+
+    def to_file(temporary: Path) -> None:
+        with open(temporary, "wb") as file:
             write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        # BaseException: also on KeyboardInterrupt/SystemExit (SIGTERM) during the write
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
-    return path
+
+    return write_file(path, to_file, kind, force=True, record=record)
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files a killed :func:`atomic_write` left in ``directory``; returns what was removed.
+    """Delete the temporary files a killed save left in ``directory``; returns what was removed.
 
-    Call it when no writer is active (at the start of a run): a SIGKILL during a save leaves one such file.
+    Only linvit's own (:func:`linvit.io.destination.remove_own_temporaries`: hidden names ending in ``.linvit-tmp``),
+    never a user's ``.notes.tmp``. Call it when no writer is active (at the start of a run): a SIGKILL during a save
+    leaves one such file.
     """
-    directory = Path(directory)
-    removed = []
-    if directory.is_dir():
-        for leftover in directory.glob(".*.tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-                removed.append(leftover)
-    return removed
+    return remove_own_temporaries(directory)
 
 
 def _is_local(path: str | os.PathLike) -> bool:
@@ -119,8 +99,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not _is_local(path):
             super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
-        local = str(path)[len("file://") :] if str(path).startswith("file://") else path
-        atomic_write(local, lambda file: torch.save(checkpoint, file))
+        local = str(path)[len("file://") :] if str(path).startswith("file://") else str(path)
+        # a temporary name of AtomicModelCheckpoint's, renamed and recorded by it once every rank is done: no record
+        staged = local.endswith(TEMPORARY_SUFFIX)
+        atomic_write(local, lambda file: torch.save(checkpoint, file), CHECKPOINT_KIND, record=not staged)
 
 
 class AtomicCheckpointing(Callback):

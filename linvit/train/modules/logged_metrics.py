@@ -68,7 +68,7 @@ class _AppendingWriter(ExperimentWriter):
         writer = csv.DictWriter(text, fieldnames=fieldnames)
         writer.writeheader()
         writer.writerows(rows)
-        atomic_write(self.metrics_file_path, lambda file: file.write(text.getvalue().encode()))
+        atomic_write(self.metrics_file_path, lambda file: file.write(text.getvalue().encode()), "metrics")
         self.rows_written = len(rows)
 
 

@@ -20,10 +20,13 @@ from typing import Any
 import torch
 
 from linvit.io import UntrustedCheckpointError, load_checkpoint_file
+from linvit.io.destination import check_destination, check_not_input, prepare_folder, write_file
 from linvit.utils.saved_config import check_classifier_hparams
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+WEIGHTS_KIND = "safetensors"  # the kinds in the folder's record of what linvit wrote (linvit.io.destination)
+CONFIG_KIND = "timm-config"
 _CFG_DROP = (
     "url",
     "hf_hub_id",
@@ -135,8 +138,14 @@ def export_checkpoint(
     ema: bool = False,
     trusted: bool = False,
     opt_in: str = "trusted=True",
+    force: bool = False,
 ) -> Path:
     """Write ``model.safetensors`` and ``config.json`` for ``checkpoint_path`` into ``out_dir``; returns the weights.
+
+    Both go through :func:`linvit.io.destination.write_file` (temporary name, rename, recorded): an existing one that
+    linvit did not write is refused unless ``force`` (:class:`~linvit.io.destination.DestinationError`, before
+    anything is written), which replaces those two files and nothing else in ``out_dir``; exporting a run again into
+    its own folder needs no ``force``.
 
     ``ema``: export the EMA weights instead of the raw ones. ``trusted``: allow a checkpoint that runs code when
     loaded (see :func:`load_checkpoint`) or whose hyper-parameters name a model outside the registry or arguments
@@ -154,13 +163,17 @@ def export_checkpoint(
     check_finite_weights(weights, str(checkpoint_path))
     config = timm_config(checkpoint)
     config["num_features"] = _num_features(config)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_folder(out_dir)
+    weights_path, config_path = out_dir / WEIGHTS_NAME, out_dir / CONFIG_NAME
+    for path, kind in ((weights_path, WEIGHTS_KIND), (config_path, CONFIG_KIND)):
+        check_not_input(path, checkpoint_path)
+        check_destination(path, kind, force=force)  # both refused before either is written
     tensors = {key: value.detach().contiguous().clone() for key, value in weights.items()}
-    weights_path = out_dir / WEIGHTS_NAME
-    _atomic_write(weights_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_file(
+        weights_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), WEIGHTS_KIND, force=force
+    )
     text = json.dumps(config, indent=2) + "\n"
-    _atomic_write(out_dir / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    write_file(config_path, lambda tmp: Path(tmp).write_text(text), CONFIG_KIND, force=force)
     return weights_path
 
 
@@ -173,12 +186,6 @@ def _num_features(config: dict[str, Any]) -> int | None:
         return int(model.num_features)
     except Exception:  # informative only; the weights are what matters
         return None
-
-
-def _atomic_write(path: Path, write) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    write(temporary)
-    os.replace(temporary, path)
 
 
 def _json_ready(value: Any) -> Any:

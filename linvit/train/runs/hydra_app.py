@@ -8,6 +8,7 @@ flags included (``--config-dir DIR`` puts your own configs first in the search p
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -18,6 +19,8 @@ __all__ = ["CONFIG_NAME", "config_dir", "main", "run_task"]
 
 CONFIG_NAME = "train"
 _log = logging.getLogger("linvit.train")
+# errors of the file system that only writing raises: one line naming the file, not a traceback
+_WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def config_dir() -> Path:
@@ -35,11 +38,13 @@ def run_task(cfg: Any) -> float | None:
     """Hydra's task: train, test, export; the summary from the first process; the metric a sweeper optimises.
 
     A data set that is not there or cannot be read as one label per class folder (a symlink loop, a single class), a
-    config value of the wrong type and a checkpoint that cannot be read (``ckpt_path=``, the run's ``last.ckpt``) end
-    the run with their one-line message (exit status 1) instead of a
-    traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback.
+    config value of the wrong type, a checkpoint that cannot be read (``ckpt_path=``, the run's ``last.ckpt``) and a
+    file that cannot be written (a full disk, a read-only folder: :class:`~linvit.io.destination.DestinationError`)
+    end the run with their one-line message (exit status 1) instead of a traceback; ``HYDRA_FULL_ERROR=1`` shows the
+    traceback. The checkpoints on disk stay as they were.
     """
     from linvit.io import CheckpointError
+    from linvit.io.destination import DestinationError, refuse_os_error
     from linvit.train.data.datasets import DataUnavailableError
     from linvit.train.data.folder_scan import FolderLayoutError
     from linvit.train.runs.config_types import ConfigTypeError
@@ -47,8 +52,13 @@ def run_task(cfg: Any) -> float | None:
     from linvit.train.runs.run_dir import is_first_process
 
     try:
-        metrics = train(cfg)
-    except (DataUnavailableError, FolderLayoutError, CheckpointError, ConfigTypeError) as error:
+        try:
+            metrics = train(cfg)
+        except OSError as error:  # a write outside linvit's own writers (a logger's): the disk, not the code
+            if error.errno not in _WRITE_FAILURES or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            raise refuse_os_error(error.filename or "a file of the run", error) from error
+    except (DataUnavailableError, FolderLayoutError, CheckpointError, ConfigTypeError, DestinationError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _log.error("%s", error)

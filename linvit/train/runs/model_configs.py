@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from linvit.io.destination import write_file
+
 # the configs the package ships (linvit/configs; in a checkout the link to the top-level configs/)
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 MODEL_PATTERNS = ("linvit_*", "flatten_*")
@@ -57,9 +59,12 @@ def write_model_configs(config_dir: Path, overwrite: bool = False) -> list[Path]
         path = config_dir / "model" / f"{name}.yaml"
         if path.exists() and not overwrite:
             continue
+        # source files of linvit (committed; no record beside them): written atomically, replaced as asked
+        text = model_config_text(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(model_config_text(name))
-        written.append(path)
+        written.append(
+            write_file(path, lambda tmp, text=text: tmp.write_text(text), "model-config", force=True, record=False)
+        )
     return written
 
 

@@ -35,6 +35,7 @@ class RunDirectoryGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from omegaconf import open_dict, read_write
 
+        from linvit.io.destination import refuse_os_error
         from linvit.train.runs.run_dir import (
             RunDirectoryInUseError,
             claim_new_directory,
@@ -44,17 +45,19 @@ class RunDirectoryGuard(Callback):
 
         if not is_first_process():
             return
-        with read_write(config), open_dict(config):
-            run_dir = Path(str(config.hydra.run.dir))
-            timestamped = "${now:" in str(config._get_node("run_name")._value())
-            if timestamped and run_dir.name == str(config.run_name):
-                config.run_name = claim_new_directory(run_dir.parent, run_dir.name).name
-                run_dir = Path(str(config.hydra.run.dir))
+        run_dir = Path(str(config.hydra.run.dir))
+        # Hydra turns a callback's exceptions into warnings and goes on; SystemExit stops it before it writes
         try:
+            with read_write(config), open_dict(config):
+                timestamped = "${now:" in str(config._get_node("run_name")._value())
+                if timestamped and run_dir.name == str(config.run_name):
+                    config.run_name = claim_new_directory(run_dir.parent, run_dir.name).name
+                    run_dir = Path(str(config.hydra.run.dir))
             hold_run_directory(run_dir)
         except RunDirectoryInUseError as error:
-            # Hydra turns a callback's exceptions into warnings and goes on; SystemExit stops it before it writes
             raise SystemExit(f"Error: {error}") from None
+        except OSError as error:  # a log folder that is read-only, under a file, on a full disk: one line naming it
+            raise SystemExit(f"Error: {refuse_os_error(error.filename or run_dir, error)}") from None
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -226,6 +229,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     wrong type are refused first, before anything is built
     (:func:`linvit.train.runs.config_types.check_config_types`).
     """
+    from linvit.io.destination import prepare_folder
     from linvit.train.runs.config_types import check_config_types
     from linvit.train.runs.run_dir import is_first_process, run_directory_lock
     from linvit.train.runs.run_identity import register_resolvers
@@ -233,6 +237,8 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, floa
     register_resolvers()  # task_name in the saved config.yaml
     check_config_types(cfg)
     output_dir = Path(str(cfg.paths.output_dir))
+    if is_first_process():
+        prepare_folder(output_dir)  # one line naming it when it cannot be made (under a file, read-only, disk full)
     with run_directory_lock(output_dir) if is_first_process() else contextlib.nullcontext():
         try:
             return _fit_test_export(cfg, callbacks)
@@ -257,12 +263,13 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
+    from linvit.io.destination import prepare_folder, write_file
+
     started = time.perf_counter()
     _route_lightning_logs_to_root()
     if cfg.get("seed") is not None:
         pl.seed_everything(int(cfg.seed), workers=True)
-    output_dir = Path(str(cfg.paths.output_dir))
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = prepare_folder(Path(str(cfg.paths.output_dir)))
 
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
     datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data)
@@ -275,7 +282,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     if trainer.is_global_zero:
-        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        text = OmegaConf.to_yaml(cfg, resolve=True)
+        write_file(output_dir / "config.yaml", lambda tmp: tmp.write_text(text), "run-config", force=True)
     metrics: dict[str, float] = {}
     ckpt_path = resolve_ckpt_path(cfg)
     trusted = bool(cfg.get("trust_checkpoint", False))
@@ -311,7 +319,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
 
         source = best or str(output_dir / "checkpoints" / "last.ckpt")
         if Path(source).is_file():
-            exported = export_checkpoint(source, output_dir, ema=bool(export_cfg.get("ema", False)))
+            # the run's own folder (an older linvit wrote its files without a record): force
+            exported = export_checkpoint(source, output_dir, ema=bool(export_cfg.get("ema", False)), force=True)
             _log.info("exported %s (from %s)", exported, Path(source).name)
         else:
             _log.warning("nothing to export: no checkpoint in %s", output_dir / "checkpoints")
@@ -320,7 +329,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
         metrics["data/skipped_files"] = float(len(datamodule.skipped_files()))
     metrics["time/total_s"] = time.perf_counter() - started
     if trainer.is_global_zero:
-        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
+        write_file(output_dir / "metrics.json", lambda tmp: tmp.write_text(text), "metrics", force=True)
     return metrics
 
 
