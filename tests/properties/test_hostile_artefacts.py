@@ -159,8 +159,10 @@ def test_damaged_images_are_named(real_artefacts, image, edits, command):
         outcome.check([str(path), path.name], sandbox, allowed_opens=[path])
     else:
         outcome = run_command(["check-data", str(root), "--workers", "1"])
-        outcome.check([str(root)], sandbox, allowed_opens=[root])
+        outcome.check([str(root)], sandbox, allowed_opens=[root], report=True)
         assert outcome.status in (0, 1), f"check-data exit {outcome.status}:\n{outcome.stderr[-1500:]}"
+        if outcome.status == 1:  # a report of problems: the damaged file among them
+            assert path.name in outcome.stdout, f"check-data's report does not name {path}:\n{outcome.stdout}"
 
 
 # ------------------------------------------------------------------------------------------------ timm.create_model
