@@ -100,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "inferred unless given here; all are recorded with the weights and in the printed load line",
     )
     parser.add_argument(
+        "--allow-non-finite",
+        action="store_true",
+        help="convert weights that hold NaN/Inf (named in a warning) instead of refusing them",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="overwrite DST if it exists (a folder: its model.safetensors and config.json; other files stay)",
@@ -295,20 +300,25 @@ def convert_checkpoint(
     use_ema: bool = False,
     trusted: bool = False,
     creation: dict[str, Any] | None = None,
+    allow_non_finite: bool = False,
 ) -> Conversion:
     """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None, which needs no ``creation``).
 
     ``creation`` (e.g. ``img_size`` and options) is kept as given; the options and training size the weights
     determine are added (`infer_creation`), then ``num_classes`` / ``in_chans`` where the weights differ from the
     defaults. All of them are recorded in a safetensors file's metadata (``model_args``), and in the ``config.json``
-    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it."""
+    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it, and the SHA-256
+    of that file (``"sha256"``, checked before the folder is loaded). Weights with NaN/Inf are refused, named
+    (:class:`linvit.io.NonFiniteWeightsError`), unless ``allow_non_finite`` (then named in a warning)."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
-    from linvit.io import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import check_finite_weights, extract_model_state_dict, load_checkpoint_file
+    from linvit.io.destination import file_sha256
 
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+    check_finite_weights(state_dict, str(src), allow=allow_non_finite, opt_out="--allow-non-finite")
     creation = dict(creation or {})
     if model_name is None:
         if creation:
@@ -337,6 +347,7 @@ def convert_checkpoint(
         out = Path(dst)
         out.mkdir(parents=True, exist_ok=True)
         _write_replacing(out / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata))
+        config["sha256"] = file_sha256(out / WEIGHTS_NAME)  # checked before the folder is loaded
         text = json.dumps(config, indent=2) + "\n"
         _write_replacing(out / CONFIG_NAME, lambda path: path.write_text(text))
     else:
@@ -380,7 +391,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         creation = _creation_arguments(args)
         conversion = convert_checkpoint(
-            args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted, creation=creation
+            args.src,
+            args.dst,
+            args.model,
+            use_ema=args.ema,
+            trusted=args.trusted,
+            creation=creation,
+            allow_non_finite=args.allow_non_finite,
         )
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)

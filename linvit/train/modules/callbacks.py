@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from linvit.io.integrity import replace_recorded
 from linvit.train.data.worker_signals import workers_block_sigterm
 
 _log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         temporary = trainer.strategy.broadcast(str(unique_temporary(filepath)))
         trainer.save_checkpoint(temporary, self.save_weights_only)  # ends with a barrier across ranks
         if trainer.is_global_zero:
-            os.replace(temporary, filepath)
+            replace_recorded(temporary, filepath)  # os.replace, and its SHA-256 in the folder's record
         trainer.strategy.barrier("atomic_model_checkpoint")
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
@@ -272,9 +273,9 @@ def _save_atomically(trainer: Trainer, path: Path) -> None:
     """``trainer.save_checkpoint`` to a temporary name of this process beside ``path``, then rename onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = trainer.strategy.broadcast(str(unique_temporary(path)))  # every rank names the same file
-    trainer.save_checkpoint(temporary)
+    trainer.save_checkpoint(temporary, weights_only=False)  # a full checkpoint, to resume from
     if trainer.is_global_zero:
-        os.replace(temporary, path)
+        replace_recorded(temporary, path)  # os.replace, and its SHA-256 in the folder's record
     trainer.strategy.barrier("save_atomically")
 
 

@@ -32,6 +32,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from linvit.io.integrity import write_recorded
+
 __all__ = [
     "AtomicCheckpointIO",
     "AtomicCheckpointing",
@@ -120,7 +122,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
         local = str(path)[len("file://") :] if str(path).startswith("file://") else path
-        atomic_write(local, lambda file: torch.save(checkpoint, file))
+        # its SHA-256 goes into the folder's record, checked before the file is loaded (linvit.io.integrity)
+        write_recorded(local, lambda: atomic_write(local, lambda file: torch.save(checkpoint, file)))
 
 
 class AtomicCheckpointing(Callback):

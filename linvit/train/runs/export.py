@@ -146,6 +146,7 @@ def export_checkpoint(
     from safetensors.torch import save_file
 
     from linvit.io import check_finite_weights
+    from linvit.io.destination import file_sha256
 
     checkpoint = load_checkpoint(checkpoint_path, trusted=trusted, opt_in=opt_in)
     if not trusted:  # config.json will name the model and its arguments: only registered ones that load nothing
@@ -159,6 +160,7 @@ def export_checkpoint(
     tensors = {key: value.detach().contiguous().clone() for key, value in weights.items()}
     weights_path = out_dir / WEIGHTS_NAME
     _atomic_write(weights_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    config["sha256"] = file_sha256(weights_path)  # of model.safetensors: checked before the folder is loaded
     text = json.dumps(config, indent=2) + "\n"
     _atomic_write(out_dir / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
     return weights_path

@@ -281,8 +281,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     trusted = bool(cfg.get("trust_checkpoint", False))
     if cfg.get("train", True):
         with warnings.catch_warnings():
-            if ckpt_path:
-                _log.info("resuming from %s", ckpt_path)
+            if ckpt_path:  # verified by resolve_ckpt_path before anything was built
+                _log.info("resuming from %s (%s)", ckpt_path, _how_loaded(trusted))
                 # a resumed run appends to its metrics.csv and keeps its checkpoints: nothing is deleted
                 warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* not empty")
             with _refuse_untrusted(ckpt_path):
@@ -297,7 +297,13 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
                 _log.warning("no best checkpoint found: testing the current weights")
         else:
             test_ckpt = ckpt_path
-        _log.info("testing %s", test_ckpt or "current weights")
+        if test_ckpt:
+            from linvit.io import verify_file
+
+            verify_file(test_ckpt)  # Lightning's own load checks no CRC
+            _log.info("testing %s (%s)", test_ckpt, _how_loaded(trusted))
+        else:
+            _log.info("testing the current weights")
         with _refuse_untrusted(test_ckpt):
             results = trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=not trusted)
         for result in results:
@@ -322,6 +328,12 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     if trainer.is_global_zero:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
+
+
+def _how_loaded(trusted: bool) -> str:
+    """How a checkpoint given to Lightning is read, for the log line that names it."""
+    how = "full unpickling: trust_checkpoint=true" if trusted else "torch.load(weights_only=True)"
+    return f"CRCs and recorded SHA-256 verified; {how}"
 
 
 @contextlib.contextmanager
