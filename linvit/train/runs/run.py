@@ -176,7 +176,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     except CheckpointError as error:
         if cfg.get("ckpt_path"):
             raise
-        raise CheckpointError(f"{str(error).rstrip('.')}. {_fall_back_advice(path)}") from None
+        raise type(error)(f"{str(error).rstrip('.')}. {_fall_back_advice(path)}") from None
     return str(path)
 
 
