@@ -14,6 +14,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from linvit.io.destination import RECORD_NAME, file_sha256, recorded_sha256
 from linvit.train.modules.fault_tolerance import (
     AtomicCheckpointing,
     AtomicCheckpointIO,
@@ -74,10 +75,12 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert process.returncode == -signal.SIGKILL
     checkpoint = AtomicCheckpointIO().load_checkpoint(target, weights_only=True)
     assert checkpoint["step"] == 1 and torch.equal(checkpoint["weight"], torch.arange(1000.0))
-    leftovers = [p for p in tmp_path.iterdir() if p.name != "last.ckpt"]
+    # beside it: the record of its SHA-256 (checked before it is loaded), and the killed save's temporary file
+    leftovers = [p for p in tmp_path.iterdir() if p.name not in ("last.ckpt", RECORD_NAME)]
     assert len(leftovers) == 1, "the killed save should leave exactly its temporary file"
     assert remove_stale_temporaries(tmp_path) == leftovers
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "last.ckpt"]
+    assert recorded_sha256(target) == file_sha256(target)
 
 
 def test_atomic_checkpoint_io_round_trip_and_remote_paths_fall_back(tmp_path, monkeypatch):
