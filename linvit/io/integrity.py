@@ -170,8 +170,11 @@ def _verify_safetensors(path: Path, size: int) -> None:
         raise _damaged(path, f"its header holds a {type(header).__name__}, not an object")
     end = _check_tensor_spans(path, header)
     data = size - 8 - length
-    if end != data:
-        raise _damaged(path, f"its data section is {data:,} bytes but its tensors span {end:,}")
+    if end > data:
+        raise _damaged(path, f"its data section is cut short (truncated or corrupt?): {data:,} bytes where its "
+                             f"tensors span {end:,}")  # fmt: skip
+    if end < data:
+        raise _damaged(path, f"its data section is {data:,} bytes, longer than the {end:,} its tensors span")
 
 
 def _check_tensor_spans(path: Path, header: dict[str, Any]) -> int:
