@@ -56,7 +56,7 @@ _DTYPE_BYTES = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8, "C64": 8,
 }  # fmt: skip
-_verified: dict[str, tuple[int, ...]] = {}  # path -> the stat it had when verified
+_verified: dict[str, tuple[tuple[int, ...], str]] = {}  # path -> (its stat when verified, what was checked)
 
 
 class DamagedCheckpointError(CheckpointError):
@@ -74,33 +74,41 @@ def _identity(info: os.stat_result) -> tuple[int, ...]:
     return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
-def verify_file(path: str | os.PathLike, expected_sha256: str | None = None) -> None:
+def verify_file(path: str | os.PathLike, expected_sha256: str | None = None) -> str:
     """Raise :class:`DamagedCheckpointError` naming ``path`` and the damaged part unless the file is intact (see the
     module): a zip archive's entries against their CRC-32, a safetensors file's header against its size, and the
     file against ``expected_sha256`` and the SHA-256s recorded for it. Other files (a legacy pickle) are checked
-    against the recorded SHA-256 only. A file that is missing or not a regular file is left to the loader."""
+    against the recorded SHA-256 only. A file that is missing or not a regular file is left to the loader.
+
+    Returns what was checked, for the line that says how a file is loaded (e.g. ``"CRC-32 of 12 zip entries,
+    recorded SHA-256"``; ``"nothing to check"`` for a legacy pickle nobody recorded).
+    """
     path = Path(path)
     try:
         info = os.stat(path)
     except OSError:
-        return
+        return "not checked"
     if not stat.S_ISREG(info.st_mode):
-        return
+        return "not checked"
     key = str(path.resolve())
-    if expected_sha256 is None and _verified.get(key) == _identity(info):
-        return
+    cached = _verified.get(key)
+    if expected_sha256 is None and cached is not None and cached[0] == _identity(info):
+        return cached[1]
     with path.open("rb") as handle:
         head = handle.read(8)
+    checked = []
     if head.startswith(b"PK\x03\x04"):
-        _verify_zip(path, info.st_size)
+        checked.append(f"CRC-32 of {_verify_zip(path, info.st_size)} zip entries")
     elif path.name.endswith(".safetensors"):
-        _verify_safetensors(path, info.st_size)
-    _verify_sha256(path, expected_sha256)
-    _verified[key] = _identity(info)
+        checked.append(f"safetensors header of {_verify_safetensors(path, info.st_size)} tensors")
+    checked += _verify_sha256(path, expected_sha256)
+    summary = ", ".join(checked) or "nothing to check"
+    _verified[key] = (_identity(info), summary)
+    return summary
 
 
 # ------------------------------------------------------------------------------------------------------ zip archives
-def _verify_zip(path: Path, size: int) -> None:
+def _verify_zip(path: Path, size: int) -> int:
     from linvit.io.pickle_scan import describe_contents
 
     try:
@@ -115,6 +123,7 @@ def _verify_zip(path: Path, size: int) -> None:
         _check_declared_sizes(path, size, entries)
         for entry in entries:
             _check_entry_crc(path, archive, entry)
+    return len(entries)
 
 
 def _check_declared_sizes(path: Path, size: int, entries: list[zipfile.ZipInfo]) -> None:
@@ -153,7 +162,7 @@ def _check_entry_crc(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInf
 
 
 # ------------------------------------------------------------------------------------------------------ safetensors
-def _verify_safetensors(path: Path, size: int) -> None:
+def _verify_safetensors(path: Path, size: int) -> int:
     with path.open("rb") as handle:
         head = handle.read(8)
         if len(head) < 8:
@@ -168,17 +177,19 @@ def _verify_safetensors(path: Path, size: int) -> None:
         raise _damaged(path, f"its header is not plain JSON ({str(error).split(': ', 1)[-1]})") from None
     if not isinstance(header, dict):
         raise _damaged(path, f"its header holds a {type(header).__name__}, not an object")
-    end = _check_tensor_spans(path, header)
+    end, count = _check_tensor_spans(path, header)
     data = size - 8 - length
     if end > data:
         raise _damaged(path, f"its data section is cut short (truncated or corrupt?): {data:,} bytes where its "
                              f"tensors span {end:,}")  # fmt: skip
     if end < data:
         raise _damaged(path, f"its data section is {data:,} bytes, longer than the {end:,} its tensors span")
+    return count
 
 
-def _check_tensor_spans(path: Path, header: dict[str, Any]) -> int:
-    """Check each tensor's dtype, shape and offsets; the spans must tile the data section. Returns its end."""
+def _check_tensor_spans(path: Path, header: dict[str, Any]) -> tuple[int, int]:
+    """Check each tensor's dtype, shape and offsets; the spans must tile the data section. Returns its end and the
+    number of tensors."""
     metadata = header.get("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values()):
         raise _damaged(path, "its header's __metadata__ is not an object of strings")
@@ -209,7 +220,7 @@ def _check_tensor_spans(path: Path, header: dict[str, Any]) -> int:
             raise _damaged(path, f"tensor '{name}' starts at byte {begin:,} of the data, not {end:,} "
                                  "(tensors overlap or leave a gap)")  # fmt: skip
         end = stop
-    return end
+    return end, len(spans)
 
 
 # ------------------------------------------------------------------------------------------------------ SHA-256
@@ -231,21 +242,23 @@ def _config_sha256(path: Path) -> str | None:
     return value
 
 
-def _verify_sha256(path: Path, expected: str | None) -> None:
-    wanted = [(expected, "the SHA-256 given")] if expected else []
+def _verify_sha256(path: Path, expected: str | None) -> list[str]:
+    """Check ``path`` against every SHA-256 known for it; returns the names of those checked."""
+    wanted = [(expected, "the SHA-256 given", "given SHA-256")] if expected else []
     recorded = recorded_sha256(path)
     if recorded:
-        wanted.append((recorded, f"the SHA-256 recorded when linvit saved it ({RECORD_NAME})"))
+        wanted.append((recorded, f"the SHA-256 recorded when linvit saved it ({RECORD_NAME})", "recorded SHA-256"))
     configured = _config_sha256(path)
     if configured:
-        wanted.append((configured, "the SHA-256 in config.json beside it"))
+        wanted.append((configured, "the SHA-256 in config.json beside it", "SHA-256 of config.json"))
     if not wanted:
-        return
+        return []
     actual = file_sha256(path)
-    for sha256, where in wanted:
+    for sha256, where, _ in wanted:
         if actual != sha256.lower():
             raise _damaged(path, f"its SHA-256 {actual[:12]}... differs from {where}, {sha256[:12]}... (changed "
                                  "after it was written)")  # fmt: skip
+    return [name for _, _, name in wanted]
 
 
 # ------------------------------------------------------------------------------------------------------ recording

@@ -11,6 +11,7 @@ global is refused with an error that names it; ``trusted=True`` lifts the restri
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import warnings
@@ -27,6 +28,8 @@ from linvit.io.integrity import verify_file
 from linvit.io.pickle_scan import describe_contents, refusal_reason, unsupported_protocol_error
 
 __all__ = ["check_checkpoint_intact", "load_checkpoint_file"]
+
+_log = logging.getLogger(__name__)
 
 # Configuration classes that training scripts pickle next to the weights. They are rebuilt as inert OrderedDicts.
 _CONFIG_CLASS_PATHS = (
@@ -170,11 +173,14 @@ def load_checkpoint_file(
     """
     path = Path(path)
     _check_exists_and_not_empty(path)
-    verify_file(path)  # before anything is unpickled or mapped
+    checked = verify_file(path)  # before anything is unpickled or mapped
     if path.name.endswith(".safetensors"):
+        _log.info("loading %s (verified: %s; safetensors)", path, checked)
         return _load_safetensors(path, map_location)
 
     mmap = mmap and zipfile.is_zipfile(path)  # a legacy (non-zip) file cannot be memory-mapped
+    how = "weights_only=False: trusted" if trusted else "weights_only=True"
+    _log.info("loading %s (verified: %s; torch.load(%s%s))", path, checked, how, ", mmap" if mmap else "")
     try:
         if trusted:
             checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)

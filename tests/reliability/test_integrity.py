@@ -126,9 +126,12 @@ def test_a_training_run_records_its_checkpoints_and_says_how_it_loads_them(train
         assert recorded_sha256(checkpoint) == file_sha256(checkpoint), name
     config = json.loads((run / "config.json").read_text())
     assert config["sha256"] == file_sha256(run / "model.safetensors")
+    best = run / "checkpoints" / "best.ckpt"
+    entries = len(zipfile.ZipFile(best).infolist())
     testing = [line for line in lines if line.startswith("testing ")]
-    assert testing == [f"testing {run / 'checkpoints' / 'best.ckpt'} (CRCs and recorded SHA-256 verified; "
-                       "torch.load(weights_only=True))"], lines  # fmt: skip
+    assert testing == [
+        f"testing {best} (verified: CRC-32 of {entries} zip entries, recorded SHA-256; torch.load(weights_only=True))"
+    ], lines
     assert not any("weights_only` was not set" in line for line in lines), lines
 
 

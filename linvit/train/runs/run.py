@@ -282,7 +282,7 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     if cfg.get("train", True):
         with warnings.catch_warnings():
             if ckpt_path:  # verified by resolve_ckpt_path before anything was built
-                _log.info("resuming from %s (%s)", ckpt_path, _how_loaded(trusted))
+                _log.info("resuming from %s (%s)", ckpt_path, _how_loaded(ckpt_path, trusted))
                 # a resumed run appends to its metrics.csv and keeps its checkpoints: nothing is deleted
                 warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* not empty")
             with _refuse_untrusted(ckpt_path):
@@ -297,11 +297,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
                 _log.warning("no best checkpoint found: testing the current weights")
         else:
             test_ckpt = ckpt_path
-        if test_ckpt:
-            from linvit.io import verify_file
-
-            verify_file(test_ckpt)  # Lightning's own load checks no CRC
-            _log.info("testing %s (%s)", test_ckpt, _how_loaded(trusted))
+        if test_ckpt:  # Lightning's own load checks no CRC: verified here first
+            _log.info("testing %s (%s)", test_ckpt, _how_loaded(test_ckpt, trusted))
         else:
             _log.info("testing the current weights")
         with _refuse_untrusted(test_ckpt):
@@ -330,10 +327,14 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     return metrics
 
 
-def _how_loaded(trusted: bool) -> str:
-    """How a checkpoint given to Lightning is read, for the log line that names it."""
-    how = "full unpickling: trust_checkpoint=true" if trusted else "torch.load(weights_only=True)"
-    return f"CRCs and recorded SHA-256 verified; {how}"
+def _how_loaded(path: str, trusted: bool) -> str:
+    """Verify a checkpoint given to Lightning (:func:`linvit.io.verify_file`; once per file as it is) and say how it
+    is read, for the log line that names it."""
+    from linvit.io import verify_file
+
+    checked = verify_file(path)
+    how = "torch.load(weights_only=False): trust_checkpoint=true" if trusted else "torch.load(weights_only=True)"
+    return f"verified: {checked}; {how}"
 
 
 @contextlib.contextmanager
