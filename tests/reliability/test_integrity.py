@@ -251,8 +251,7 @@ def test_a_flipped_byte_in_exported_weights_is_caught_by_the_sha256_in_config_js
     with pytest.raises(DamagedCheckpointError, match="the SHA-256 in config.json beside it") as error:
         timm.create_model(f"local-dir:{folder}", pretrained=True)
     assert expected in _one_line(str(error.value))
-    image = tmp_path / "image.png"
-    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype("uint8")).save(image)
+    image = _image(tmp_path)
     assert linvit_main(["predict", str(image), "--model", MODEL, "--checkpoint", str(folder)]) != 0
     assert expected in _one_line(capsys.readouterr().err)
     out = tmp_path / "model.pt2"
@@ -368,3 +367,29 @@ def test_an_intact_file_is_verified_once_while_it_stays_the_same(tmp_path, monke
     verify_file(path)
     assert len(calls) == 2
     assert issubclass(DamagedCheckpointError, CheckpointError)  # the commands print it in one line
+
+
+def _image(tmp_path: Path) -> Path:
+    image = tmp_path / "image.png"
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype("uint8")).save(image)
+    return image
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_weights_for_a_model_outside_linvit_are_verified_before_timm_reads_them(tmp_path, capsys, features):
+    """``--model test_resnet --checkpoint FILE`` with a config.json: timm's own loader reads the file."""
+    weights = tmp_path / "model.safetensors"
+    state = timm.create_model("test_resnet", num_classes=10).state_dict()
+    write_file(weights, lambda tmp: save_file(state, str(tmp)), kind="safetensors")
+    config = {"architecture": "test_resnet", "num_classes": 10, "model_args": {"in_chans": 3}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _flip_tensor_byte(weights)
+    if features:
+        out = tmp_path / "features.pt2"
+        command = ["export", "--model", "test_resnet", "--checkpoint", str(weights), "--features-only",
+                   "--format", "pt2", "--out", str(out)]  # fmt: skip
+    else:
+        command = ["predict", str(_image(tmp_path)), "--model", "test_resnet", "--checkpoint", str(weights)]
+    assert linvit_main(command) != 0
+    line = _one_line(capsys.readouterr().err)
+    assert f"'{weights}' is damaged: its SHA-256" in line and "recorded when linvit saved it" in line, line
