@@ -11,7 +11,9 @@ fails on a bad file with a bare ``EOFError``/``KeyError``), so
 safetensors from ``linvit convert``, and plain state dicts alike, and a bad file is a short
 :class:`~linvit.io.CheckpointError` naming it. ``timm.create_model(..., trusted=True)`` is the opt-in for a pickle
 that runs code. Weights with NaN/Inf are refused naming the tensors; ``timm.create_model(...,
-allow_non_finite=True)`` loads them anyway (see :mod:`linvit.io.finite`).
+allow_non_finite=True)`` loads them anyway (see :mod:`linvit.io.finite`). A ``local-dir:`` folder is read by timm's
+own loader: :func:`build_model_loading_safely` verifies the file it will read first (:func:`linvit.io.verify_file`,
+with the ``"sha256"`` of the folder's ``config.json``) and checks the loaded weights for NaN/Inf after.
 """
 
 from __future__ import annotations
