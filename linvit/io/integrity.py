@@ -66,7 +66,7 @@ class DamagedCheckpointError(CheckpointError):
 def _damaged(path: Path, what: str) -> DamagedCheckpointError:
     return DamagedCheckpointError(
         f"'{path}' is damaged: {what}; nothing was loaded from it. Save, export or download it again, or use "
-        "another copy (a run's other checkpoint)"
+        "another copy"
     )
 
 
@@ -94,14 +94,17 @@ def verify_file(path: str | os.PathLike, expected_sha256: str | None = None) -> 
     cached = _verified.get(key)
     if expected_sha256 is None and cached is not None and cached[0] == _identity(info):
         return cached[1]
-    with path.open("rb") as handle:
-        head = handle.read(8)
-    checked = []
-    if head.startswith(b"PK\x03\x04"):
-        checked.append(f"CRC-32 of {_verify_zip(path, info.st_size)} zip entries")
-    elif path.name.endswith(".safetensors"):
-        checked.append(f"safetensors header of {_verify_safetensors(path, info.st_size)} tensors")
-    checked += _verify_sha256(path, expected_sha256)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+        checked = []
+        if head.startswith(b"PK\x03\x04"):
+            checked.append(f"CRC-32 of {_verify_zip(path, info.st_size)} zip entries")
+        elif path.name.endswith(".safetensors"):
+            checked.append(f"safetensors header of {_verify_safetensors(path, info.st_size)} tensors")
+        checked += _verify_sha256(path, expected_sha256)
+    except OSError:  # unreadable (permissions, I/O error): the loader names it
+        return "not checked"
     summary = ", ".join(checked) or "nothing to check"
     _verified[key] = (_identity(info), summary)
     return summary
@@ -236,8 +239,8 @@ def _config_sha256(path: Path) -> str | None:
     value = config.get("sha256") if isinstance(config, dict) else None
     if value is not None and not (isinstance(value, str) and _SHA256.fullmatch(value)):
         raise CheckpointError(
-            f"'{config_path}': sha256 must be the 64 hex digits of {path.name}'s SHA-256, got {value!r}; export the "
-            "folder again or remove the key"
+            f"'{config_path}': sha256 must be the 64 hex digits of {path.name}'s SHA-256, got {str(value)[:80]!r}; "
+            "export the folder again or remove the key"
         )
     return value
 

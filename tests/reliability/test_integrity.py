@@ -393,3 +393,14 @@ def test_weights_for_a_model_outside_linvit_are_verified_before_timm_reads_them(
     assert linvit_main(command) != 0
     line = _one_line(capsys.readouterr().err)
     assert f"'{weights}' is damaged: its SHA-256" in line and "recorded when linvit saved it" in line, line
+
+
+def test_a_sha256_in_config_json_that_is_not_one_is_named(trained, tmp_path):
+    folder = _exported(trained, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["sha256"] = "x" * 500
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint_file(folder / "model.safetensors")
+    line = _one_line(str(error.value))
+    assert str(folder / "config.json") in line and "sha256 must be the 64 hex digits" in line and len(line) < 300
