@@ -132,6 +132,7 @@ def test_a_training_run_records_its_checkpoints_and_says_how_it_loads_them(train
     assert testing == [
         f"testing {best} (verified: CRC-32 of {entries} zip entries, recorded SHA-256; torch.load(weights_only=True))"
     ], lines
+    assert any(line.startswith("Restoring states from the checkpoint path") for line in lines), lines  # Lightning's
     assert not any("weights_only` was not set" in line for line in lines), lines
 
 
