@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "inferred unless given here; all are recorded with the weights and in the printed load line",
     )
     parser.add_argument(
+        "--allow-non-finite",
+        action="store_true",
+        help="convert weights that hold NaN/Inf (named in a warning) instead of refusing them",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="replace DST when it exists and linvit did not write it (a folder: only its model.safetensors and "
@@ -304,13 +309,16 @@ def convert_checkpoint(
     trusted: bool = False,
     creation: dict[str, Any] | None = None,
     force: bool = False,
+    allow_non_finite: bool = False,
 ) -> Conversion:
     """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None, which needs no ``creation``).
 
     ``creation`` (e.g. ``img_size`` and options) is kept as given; the options and training size the weights
     determine are added (`infer_creation`), then ``num_classes`` / ``in_chans`` where the weights differ from the
     defaults. All of them are recorded in a safetensors file's metadata (``model_args``), and in the ``config.json``
-    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it.
+    of a folder ``dst`` (:func:`is_folder_destination`), which gets ``model.safetensors`` beside it, and the SHA-256
+    of that file (``"sha256"``, checked before the folder is loaded). Weights with NaN/Inf are refused, named
+    (:class:`linvit.io.NonFiniteWeightsError`), unless ``allow_non_finite`` (then named in a warning).
 
     Every file is written through :func:`linvit.io.destination.write_file` (temporary name in its folder, rename,
     recorded): one that exists and that linvit did not write as that kind is refused unless ``force``, and SRC itself
@@ -318,12 +326,14 @@ def convert_checkpoint(
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
-    from linvit.io import extract_model_state_dict, load_checkpoint_file
+    from linvit.io import check_finite_weights, extract_model_state_dict, load_checkpoint_file
+    from linvit.io.destination import file_sha256
 
     if not is_folder_destination(dst):
         _check_destinations(src, _destinations(dst), force)  # before the minutes of inference, not after
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
+    check_finite_weights(state_dict, str(src), allow=allow_non_finite, opt_out="--allow-non-finite")
     creation = dict(creation or {})
     if model_name is None:
         if creation:
@@ -349,13 +359,14 @@ def convert_checkpoint(
             write_file(dst, lambda path: save_file(tensors, str(path), metadata=metadata), WEIGHTS_KIND, force=force)
             return conversion
         config = hub_config(model_name, conversion.model_args)
-        text = json.dumps(config, indent=2) + "\n"
         out = prepare_folder(dst)
         # both checked before either is written; --force replaces these two and nothing else in the folder
         _check_destinations(src, [(out / WEIGHTS_NAME, WEIGHTS_KIND), (out / CONFIG_NAME, CONFIG_KIND)], force)
         write_file(
             out / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata), WEIGHTS_KIND, force=force
         )
+        config["sha256"] = file_sha256(out / WEIGHTS_NAME)  # checked before the folder is loaded
+        text = json.dumps(config, indent=2) + "\n"
         write_file(out / CONFIG_NAME, lambda path: path.write_text(text), CONFIG_KIND, force=force)
     else:
         write_file(dst, lambda path: torch.save(tensors, path), STATE_DICT_KIND, force=force)
@@ -390,7 +401,14 @@ def run(args: argparse.Namespace) -> int:
         _check_destinations(args.src, _destinations(args.dst), args.force)  # refused before anything is read
         creation = _creation_arguments(args)
         conversion = convert_checkpoint(
-            args.src, args.dst, args.model, use_ema=args.ema, trusted=args.trusted, creation=creation, force=args.force
+            args.src,
+            args.dst,
+            args.model,
+            use_ema=args.ema,
+            trusted=args.trusted,
+            creation=creation,
+            force=args.force,
+            allow_non_finite=args.allow_non_finite,
         )
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)

@@ -207,6 +207,9 @@ def _features_only(name: str, kwargs: dict[str, Any], checkpoint: str | None = N
 
     if checkpoint is None:
         return timm.create_model(name, features_only=True, **kwargs)
+    from linvit.io import verify_file
+
+    verify_file(checkpoint)  # before any loader reads it (timm's own, for a model outside linvit's families)
     overlay = {"file": checkpoint}
     return timm.create_model(name, features_only=True, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
 

@@ -159,12 +159,14 @@ def build_model(name: str, checkpoint: str | None, side_config: dict[str, Any]):
     import timm
 
     import linvit.models  # noqa: F401  (registers linvit's families)
+    from linvit.io import verify_file
 
     if not timm.is_model(name):
         raise ValueError(f"unknown model {name!r}; list linvit's models with `linvit models`")
     kwargs: dict[str, Any] = dict(side_config.get("model_args") or {})
     if checkpoint is None:
         return timm.create_model(name, **kwargs)
+    verify_file(checkpoint)  # before any loader reads it (timm's own, for a model outside linvit's families)
     num_classes = side_config.get("num_classes")
     in_chans = kwargs.get("in_chans")
     if num_classes is None or in_chans is None:

@@ -7,6 +7,8 @@
   and how a state dict differs from a model's;
 - :mod:`~linvit.io.pretrained`: a weight file into a timm model (``load_pretrained``, the ``trusted`` opt-in of
   ``timm.create_model``); :mod:`~linvit.io.families`: the registered variants a file may fit instead;
+- :mod:`~linvit.io.integrity`: :func:`verify_file`, run before every load: zip CRC-32s, safetensors headers, recorded
+  SHA-256s (:class:`DamagedCheckpointError` names the file and the entry);
 - :mod:`~linvit.io.finite`: weights with NaN/Inf named (:func:`check_finite_weights`), and the opt-out;
 - :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError) and :class:`UntrustedCheckpointError`.
 
@@ -16,6 +18,7 @@ Imports torch, timm and safetensors only (no other room of linvit).
 from linvit.io.errors import CheckpointError, UntrustedCheckpointError
 from linvit.io.families import family_models, model_family
 from linvit.io.finite import NonFiniteWeightsError, allow_non_finite_weights, check_finite_weights
+from linvit.io.integrity import DamagedCheckpointError, verify_file
 from linvit.io.pretrained import build_model_loading_safely, load_pretrained_file, route_pretrained_to_model
 from linvit.io.safe_load import check_checkpoint_intact, load_checkpoint_file
 from linvit.io.state_dict import (
@@ -27,6 +30,7 @@ from linvit.io.state_dict import (
 
 __all__ = [
     "CheckpointError",
+    "DamagedCheckpointError",
     "NonFiniteWeightsError",
     "UntrustedCheckpointError",
     "allow_non_finite_weights",
@@ -42,4 +46,5 @@ __all__ = [
     "route_pretrained_to_model",
     "state_dict_mismatch",
     "strip_wrapper_prefixes",
+    "verify_file",
 ]

@@ -92,6 +92,17 @@ def _read_record(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def recorded_sha256s(path: str | os.PathLike) -> tuple[str, ...]:
+    """Every SHA-256 the record accepts for ``path``: what linvit wrote, and while a replacement of it was under way
+    (a kill between record and rename) also what was there before. Empty when nothing is recorded."""
+    path = Path(path)
+    entry = _read_record(path.parent).get(path.name)
+    if not entry:
+        return ()
+    previous = entry.get("previous_sha256")
+    return (entry["sha256"], previous) if isinstance(previous, str) else (entry["sha256"],)
+
+
 def recorded_sha256(path: str | os.PathLike) -> str | None:
     """The SHA-256 linvit recorded when it wrote ``path`` (in the folder's :data:`RECORD_NAME`), or None."""
     path = Path(path)
@@ -184,25 +195,63 @@ def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
 
 
-def _update_record(path: Path, kind: str) -> None:
-    folder = path.parent
-    record = _read_record(folder)
-    record[path.name] = {"kind": kind, "size": path.stat().st_size, "sha256": file_sha256(path)}
-    _replace_atomically(folder / RECORD_NAME, lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)))
+def _write_record(folder: Path, record: dict[str, dict[str, Any]]) -> None:
+    text = json.dumps(record, indent=1, sort_keys=True)
+    _replace_atomically(folder / RECORD_NAME, lambda tmp: tmp.write_text(text))
 
 
-def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+def _record_coming(path: Path, kind: str, temporary: Path) -> None:
+    """Before ``temporary`` is renamed onto ``path``: record the new bytes, and keep the SHA-256 of the bytes now under
+    that name as ``previous_sha256``, so that a kill between the record and the rename leaves a record that accepts
+    whichever file is there (never one that calls the intact old file damaged)."""
+    record = _read_record(path.parent)
+    entry = {"kind": kind, "size": temporary.stat().st_size, "sha256": file_sha256(temporary)}
+    if path.is_file():
+        old = record.get(path.name)
+        entry["previous_sha256"] = old["sha256"] if old else file_sha256(path)
+    record[path.name] = entry
+    _write_record(path.parent, record)
+
+
+def _record_done(path: Path) -> None:
+    """After the rename: the record accepts the new bytes only."""
+    record = _read_record(path.parent)
+    if record.get(path.name, {}).pop("previous_sha256", None) is not None:
+        _write_record(path.parent, record)
+
+
+def _write_temporary(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(temporary)`` for a temporary name beside ``path``, fsynced; removed again if anything fails."""
     temporary = _temporary_name(path)
     try:
         write(temporary)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
     except BaseException:  # also a KeyboardInterrupt/SystemExit (SIGTERM) during the write
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    return temporary
+
+
+def _rename_into_place(temporary: Path, path: Path, kind: str, record: bool) -> None:
+    """Rename the complete ``temporary`` onto ``path`` (atomic), recorded as ``kind`` around the rename."""
+    try:
+        if record:
+            _record_coming(path, kind, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     _fsync_directory(path.parent)
+    if record:
+        _record_done(path)
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``path`` replaced by what ``write`` writes, through a temporary name, not recorded (the record itself)."""
+    _rename_into_place(_write_temporary(path, write), path, "", record=False)
 
 
 def write_file(
@@ -226,9 +275,7 @@ def write_file(
     try:
         if not path.parent.is_dir():
             raise FileNotFoundError(errno.ENOENT, "no folder", str(path.parent))
-        _replace_atomically(path, write)
-        if record:
-            _update_record(path, kind)
+        _rename_into_place(_write_temporary(path, write), path, kind, record)
     except OSError as error:
         raise _problem(path, error) from None
     return path
@@ -251,9 +298,7 @@ def move_into_place(
         check_destination(path, kind, force=force, force_option=force_option)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        _fsync_directory(path.parent)
-        _update_record(path, kind)
+        _rename_into_place(temporary, path, kind, record=True)
     except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

@@ -11,7 +11,9 @@ fails on a bad file with a bare ``EOFError``/``KeyError``), so
 safetensors from ``linvit convert``, and plain state dicts alike, and a bad file is a short
 :class:`~linvit.io.CheckpointError` naming it. ``timm.create_model(..., trusted=True)`` is the opt-in for a pickle
 that runs code. Weights with NaN/Inf are refused naming the tensors; ``timm.create_model(...,
-allow_non_finite=True)`` loads them anyway (see :mod:`linvit.io.finite`).
+allow_non_finite=True)`` loads them anyway (see :mod:`linvit.io.finite`). A ``local-dir:`` folder is read by timm's
+own loader: :func:`build_model_loading_safely` verifies the file it will read first (:func:`linvit.io.verify_file`,
+with the ``"sha256"`` of the folder's ``config.json``) and checks the loaded weights for NaN/Inf after.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextvars
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +32,7 @@ from torch import nn
 from linvit.io.errors import CheckpointError, short_message
 from linvit.io.families import family_models
 from linvit.io.finite import allow_non_finite_weights, check_finite_weights
+from linvit.io.integrity import verify_file
 from linvit.io.safe_load import load_checkpoint_file
 from linvit.io.state_dict import describe_mismatch, extract_model_state_dict, state_dict_mismatch
 
@@ -192,10 +196,16 @@ def build_model_loading_safely(model_cls: type, variant: str, pretrained: bool, 
     for name, value in (("trusted", trusted), ("allow_non_finite", allow_non_finite)):
         if not isinstance(value, bool) and not (name == "allow_non_finite" and value is None):
             raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    local_weights = _local_dir_weights(kwargs.get("pretrained_cfg")) if pretrained else None
+    if local_weights is not None:  # timm reads the folder with its own loader: verify the file first
+        verify_file(local_weights)
     token = _TRUSTED_LOAD.set(trusted)
     try:
         with allow_non_finite_weights(allow_non_finite) if allow_non_finite is not None else contextlib.nullcontext():
-            return build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
+            model = build_model_with_cfg(model_cls, variant, pretrained, **route_pretrained_to_model(kwargs))
+            if local_weights is not None:  # ... and the weights it loaded (NaN/Inf named, or warned when allowed)
+                check_finite_weights(model.state_dict(), str(local_weights))
+            return model
     finally:
         _TRUSTED_LOAD.reset(token)
 
@@ -223,3 +233,25 @@ def _config_source(pretrained_cfg: Any) -> str:
     cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
     where = cfg.get("file") or cfg.get("hf_hub_id")
     return f"{str(where).rstrip('/')}/config.json" if where else "config.json"
+
+
+def _local_dir_weights(pretrained_cfg: Any) -> Path | None:
+    """The file timm's ``local-dir:`` source reads from the folder ``pretrained_cfg`` names (its first preferred
+    name, else the first file of the first suffix that has one), or None for another source."""
+    if not isinstance(pretrained_cfg, Mapping) or pretrained_cfg.get("source") != "local-dir":
+        return None
+    folder = Path(str(pretrained_cfg.get("file") or ""))
+    if not folder.is_dir():
+        return None  # timm names the path
+    try:
+        from timm.models._hub import _EXT_PRIORITY, _PREFERRED_FILES
+    except ImportError:  # another timm: the names it has read first so far
+        _PREFERRED_FILES, _EXT_PRIORITY = ("model.safetensors", "pytorch_model.bin"), (".safetensors", ".bin")
+    for name in _PREFERRED_FILES:
+        if (folder / name).exists():
+            return folder / name
+    for suffix in _EXT_PRIORITY:
+        found = sorted(folder.glob(f"*{suffix}"))
+        if found:
+            return found[0]
+    return None

@@ -11,6 +11,7 @@ global is refused with an error that names it; ``trusted=True`` lifts the restri
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import warnings
@@ -23,9 +24,12 @@ from typing import Any
 import torch
 
 from linvit.io.errors import CheckpointError, UntrustedCheckpointError, short_message
+from linvit.io.integrity import verify_file
 from linvit.io.pickle_scan import describe_contents, refusal_reason, unsupported_protocol_error
 
 __all__ = ["check_checkpoint_intact", "load_checkpoint_file"]
+
+_log = logging.getLogger(__name__)
 
 # Configuration classes that training scripts pickle next to the weights. They are rebuilt as inert OrderedDicts.
 _CONFIG_CLASS_PATHS = (
@@ -115,18 +119,24 @@ def _check_exists_and_not_empty(path: Path) -> None:
 def check_checkpoint_intact(path: str | os.PathLike) -> None:
     """Raise :class:`CheckpointError` naming ``path`` if it is missing, empty, a damaged zip archive (a save or
     download cut short) or neither a zip archive nor a pickle (text, an HTML page): checks that read the file's
-    first bytes and a zip's directory, and unpickle nothing (for files loaded with ``trusted=True``)."""
+    first bytes and a zip's directory, and unpickle nothing (for files loaded with ``trusted=True``). Then the file's
+    integrity (:func:`linvit.io.integrity.verify_file`: every zip entry's CRC-32, a safetensors header, a recorded
+    SHA-256) raises :class:`~linvit.io.integrity.DamagedCheckpointError` naming the damaged entry."""
     path = Path(path)
     _check_exists_and_not_empty(path)
     if path.name.endswith(".safetensors"):
+        verify_file(path)
         return
     try:
         with path.open("rb") as handle:
             head = handle.read(4)
         if head == b"PK\x03\x04":
             with zipfile.ZipFile(path):  # reads the central directory at the end: a cut file has none
-                return
+                pass
+            verify_file(path)
+            return
         elif head[:1] == b"\x80":
+            verify_file(path)
             return
         reason = "not a zip archive or a pickle"
     except (OSError, zipfile.BadZipFile) as error:
@@ -158,13 +168,19 @@ def load_checkpoint_file(
         CheckpointError (a ValueError): the file is missing, truncated or corrupt, or does not hold a dict.
         UntrustedCheckpointError (a CheckpointError): the file names other Python objects; loading it needs
             ``trusted=True``, which runs arbitrary code from the file, so pass it only for files you trust.
+        DamagedCheckpointError (a CheckpointError): a zip entry fails its CRC-32, a safetensors header does not
+            match the file, or the file differs from the SHA-256 recorded for it (:mod:`linvit.io.integrity`).
     """
     path = Path(path)
     _check_exists_and_not_empty(path)
+    checked = verify_file(path)  # before anything is unpickled or mapped
     if path.name.endswith(".safetensors"):
+        _log.info("loading %s (verified: %s; safetensors)", path, checked)
         return _load_safetensors(path, map_location)
 
     mmap = mmap and zipfile.is_zipfile(path)  # a legacy (non-zip) file cannot be memory-mapped
+    how = "weights_only=False: trusted" if trusted else "weights_only=True"
+    _log.info("loading %s (verified: %s; torch.load(%s%s))", path, checked, how, ", mmap" if mmap else "")
     try:
         if trusted:
             checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
@@ -193,7 +209,11 @@ def load_checkpoint_file(
                 f"{how}. Loader message: {reason}"
             ) from error
         raise _read_error(path, error) from error
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, ImportError) as error:
+    except CheckpointError:
+        raise
+    except (
+        Exception
+    ) as error:  # any failure of the unpickler on damaged bytes (IndexError, TypeError ...) is a read error
         raise _read_error(path, error) from error
     if not isinstance(checkpoint, Mapping):
         raise CheckpointError(

@@ -170,6 +170,7 @@ def test_checkpoint_temporary_files_are_named_per_writer(tmp_path, monkeypatch):
     for path in map(Path, used):
         assert path.name.startswith((".best.ckpt.", ".last.ckpt.")) and path.name.endswith(".linvit-tmp")
         assert f".{os.getpid()}-" in path.name
+    # and the record of their SHA-256s (linvit.io.integrity), written under its own temporary names
     assert sorted(p.name for p in tmp_path.iterdir()) == [".linvit-written.json", "best.ckpt", "last.ckpt"]
     # a kill between write and rename leaves one; the next run's start removes it
     leftover = unique_temporary(tmp_path / "last.ckpt")

@@ -15,7 +15,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from linvit.io.destination import RECORD_NAME, DestinationError
+from linvit.io.destination import RECORD_NAME, DestinationError, file_sha256, recorded_sha256
 from linvit.train.modules.fault_tolerance import (
     AtomicCheckpointing,
     AtomicCheckpointIO,
@@ -77,12 +77,14 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert process.returncode == -signal.SIGKILL
     checkpoint = AtomicCheckpointIO().load_checkpoint(target, weights_only=True)
     assert checkpoint["step"] == 1 and torch.equal(checkpoint["weight"], torch.arange(1000.0))
+    # beside it: the record of its SHA-256 (checked before it is loaded), and the killed save's temporary file
     leftovers = [p for p in tmp_path.iterdir() if p.name not in ("last.ckpt", RECORD_NAME)]
     assert len(leftovers) == 1, "the killed save should leave exactly its temporary file"
     assert leftovers[0].name.endswith(".linvit-tmp")
     (tmp_path / ".notes.tmp").write_text("a user's file that looks temporary")
     assert remove_stale_temporaries(tmp_path) == leftovers
     assert sorted(p.name for p in tmp_path.iterdir()) == [".linvit-written.json", ".notes.tmp", "last.ckpt"]
+    assert recorded_sha256(target) == file_sha256(target)
 
 
 def test_atomic_checkpoint_io_round_trip_and_remote_paths_fall_back(tmp_path, monkeypatch):

@@ -277,7 +277,7 @@ def _save_atomically(trainer: Trainer, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = trainer.strategy.broadcast(str(unique_temporary(path)))  # every rank names the same file
     with _naming(path, temporary):
-        trainer.save_checkpoint(temporary)
+        trainer.save_checkpoint(temporary, weights_only=False)  # a full checkpoint, to resume from
     if trainer.is_global_zero:
         move_into_place(temporary, path, CHECKPOINT_KIND, force=True)
     trainer.strategy.barrier("save_atomically")

@@ -155,6 +155,7 @@ def export_checkpoint(
     from safetensors.torch import save_file
 
     from linvit.io import check_finite_weights
+    from linvit.io.destination import file_sha256
 
     checkpoint = load_checkpoint(checkpoint_path, trusted=trusted, opt_in=opt_in)
     if not trusted:  # config.json will name the model and its arguments: only registered ones that load nothing
@@ -172,6 +173,7 @@ def export_checkpoint(
     write_file(
         weights_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), WEIGHTS_KIND, force=force
     )
+    config["sha256"] = file_sha256(weights_path)  # of model.safetensors: checked before the folder is loaded
     text = json.dumps(config, indent=2) + "\n"
     write_file(config_path, lambda tmp: Path(tmp).write_text(text), CONFIG_KIND, force=force)
     return weights_path

@@ -168,7 +168,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     if cfg.get("ckpt_path"):
         path = Path(str(cfg.ckpt_path)).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
+            raise CheckpointError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
     elif cfg.get("resume", True):
         last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
         path = last if last.is_file() else None
@@ -179,7 +179,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     except CheckpointError as error:
         if cfg.get("ckpt_path"):
             raise
-        raise CheckpointError(f"{str(error).rstrip('.')}. {_fall_back_advice(path)}") from None
+        raise type(error)(f"{str(error).rstrip('.')}. {_fall_back_advice(path)}") from None
     return str(path)
 
 
@@ -289,8 +289,8 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     trusted = bool(cfg.get("trust_checkpoint", False))
     if cfg.get("train", True):
         with warnings.catch_warnings():
-            if ckpt_path:
-                _log.info("resuming from %s", ckpt_path)
+            if ckpt_path:  # verified by resolve_ckpt_path before anything was built
+                _log.info("resuming from %s (%s)", ckpt_path, _how_loaded(ckpt_path, trusted))
                 # a resumed run appends to its metrics.csv and keeps its checkpoints: nothing is deleted
                 warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* not empty")
             with _refuse_untrusted(ckpt_path):
@@ -305,7 +305,10 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
                 _log.warning("no best checkpoint found: testing the current weights")
         else:
             test_ckpt = ckpt_path
-        _log.info("testing %s", test_ckpt or "current weights")
+        if test_ckpt:  # Lightning's own load checks no CRC: verified here first
+            _log.info("testing %s (%s)", test_ckpt, _how_loaded(test_ckpt, trusted))
+        else:
+            _log.info("testing the current weights")
         with _refuse_untrusted(test_ckpt):
             results = trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=not trusted)
         for result in results:
@@ -332,6 +335,16 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
         text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
         write_file(output_dir / "metrics.json", lambda tmp: tmp.write_text(text), "metrics", force=True)
     return metrics
+
+
+def _how_loaded(path: str, trusted: bool) -> str:
+    """Verify a checkpoint given to Lightning (:func:`linvit.io.verify_file`; once per file as it is) and say how it
+    is read, for the log line that names it."""
+    from linvit.io import verify_file
+
+    checked = verify_file(path)
+    how = "torch.load(weights_only=False): trust_checkpoint=true" if trusted else "torch.load(weights_only=True)"
+    return f"verified: {checked}; {how}"
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from linvit.io.destination import RECORD_NAME, file_sha256, recorded_sha256
 from linvit.train.modules.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm
 from linvit.train.modules.classification import ImageClassifier
 
@@ -46,9 +47,9 @@ def test_sigterm_saves_last_checkpoint_and_stops(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is not None
     checkpoint = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".linvit-written.json", "last.ckpt"], (
-        "a temporary file was left behind"
-    )
+    # beside it only the record of its SHA-256, checked before it is loaded
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD_NAME, "last.ckpt"], "a temporary file was left behind"
+    assert recorded_sha256(tmp_path / "last.ckpt") == file_sha256(tmp_path / "last.ckpt")
     from linvit.train.data import worker_signals
 
     assert not worker_signals.blocking(), "processes started after the fit would still block SIGTERM"
@@ -69,7 +70,9 @@ def test_atomic_checkpoint_and_learning_curves(tmp_path):
         callbacks=[checkpoint, curves],
     )
     trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=_loader(8))
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [".linvit-written.json", "best.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [RECORD_NAME, "best.ckpt", "last.ckpt"]
+    for name in ("best.ckpt", "last.ckpt"):  # recorded under their final names, checked before they are loaded
+        assert recorded_sha256(tmp_path / "ckpt" / name) == file_sha256(tmp_path / "ckpt" / name)
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 12
     assert [row["epoch"] for row in curves.history] == [0.0, 1.0]
     assert {"val/acc1", "val_ema/acc1", "train/loss_epoch", "lr"} <= set(curves.history[-1])
