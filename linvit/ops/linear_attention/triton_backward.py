@@ -132,7 +132,7 @@ def key_value_grad_kernel(
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``). dk goes to
-    columns C … 2C of dqk_ptr (dL/dqkv itself, or with ``TOKEN_NORMS`` the buffer without the cross-head term), dv to
+    columns C … 2C of dL/dqkv, or with ``TOKEN_NORMS`` of dqk_ptr (dq and dk without the cross-head term), dv to
     columns 2C … 3C of dqkv_ptr.
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
@@ -144,8 +144,15 @@ def key_value_grad_kernel(
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
-    dk_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b + H * D
     dv_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + 2 * H * D
+    # without token norms dk goes to dL/dqkv through its own strides (dqk_ptr is dqkv_ptr there): the row addresses
+    # are then shared with dv's (a second stride cost 2.5 warp-instructions per token at 4×32 by the cost figure)
+    if TOKEN_NORMS:
+        dk_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b + H * D
+        dk_stride_n = dqk_stride_n
+    else:
+        dk_base = dv_base - H * D
+        dk_stride_n = dqkv_stride_n
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
@@ -172,7 +179,7 @@ def key_value_grad_kernel(
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
                                                   sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
-        tl.store(dk_base + places[None, :, None] * dqk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+        tl.store(dk_base + places[None, :, None] * dk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         if TOKEN_NORMS:
             tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
