@@ -5,8 +5,9 @@ Four launches, five for the focused map with head groups (``cross_head_grad_kern
 - ``query_grad_kernel`` (grid batch × chunk × head group): sums the forward's partial states, then per tile of
   queries dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
   program holds every head of its tokens, so the focused map's cross-head term is a sum within the tile: one pass.
-  With head groups it holds some heads: it writes its share of each token's cross-head sum, and
-  ``cross_head_grad_kernel`` adds that term to dq and dk once both gradient kernels are done.
+  With head groups it holds some heads: it writes dq without the cross-head term to a buffer of its own (with dk),
+  and its share of each token's cross-head sum; ``cross_head_grad_kernel`` writes dq and dk with that term once both
+  gradient kernels are done.
 - ``key_value_grad_kernel`` (grid batch × chunk × head group): sums the partial dL/dS, dL/dz, then per tile of
   keys dL/dk and dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once
   for all channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and
@@ -15,9 +16,15 @@ Four launches, five for the focused map with head groups (``cross_head_grad_kern
   per program sharing each tile of v, each from a tensor-core product of the raw tiles accumulated over the program's
   items, whose diagonal is taken once (a reduction per tap and tile inside the key kernel cost more than the rest of
   the backward together).
-- ``cross_head_grad_kernel`` (head groups, focused map; grid batch × chunk × group): the cross-head term of dq and
-  dk added in place, and its share of the temperature gradient.
+- ``cross_head_grad_kernel`` (head groups, focused map; grid batch × chunk × group): dq and dk, their values without
+  the cross-head term plus the term, and the queries' temperature gradient plus the term's share, each read from one
+  buffer and written to another.
 - ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
+
+Every launch is idempotent: no kernel reads what it writes (no ``tl.store(p, tl.load(p) + x)``, no atomics), so a
+launch run again with the same arguments leaves the same outputs. `triton.autotune` runs each launch of a new shape
+many times while it times the configurations (CUDA-graph replays run them again too); an in-place sum would add its
+term once per run (tests/ops/test_launch_idempotence.py runs every launch twice).
 """
 
 from __future__ import annotations
@@ -39,24 +46,25 @@ def _store_row(row_ptr, values, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: 
 
 @triton.jit
 def query_grad_kernel(
-    qkv_ptr, inv_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqkv_ptr, ds_ptr, dz_ptr, grads_ptr, cross_ptr,
+    qkv_ptr, inv_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, do_ptr, dqk_ptr, ds_ptr, dz_ptr, grads_ptr, cross_ptr,
     w_ptr, taps_ptr,
-    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, norms_stride_b, cross_stride_b,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, dqk_stride_b, dqk_stride_n, norms_stride_b, cross_stride_b,
     chunk, eps, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """dq of the queries of chunk t of batch element b, and the chunk's partial dS, dz and temperature gradient (its
-    group's heads; with ``TOKEN_NORMS`` dq without the cross-head term, whose per-token share goes to cross_ptr); the
-    first program also copies the DWC weight tap-major for the key kernel."""
+    """dq of the queries of chunk t of batch element b, into columns 0 … C of dqk_ptr (dL/dqkv itself, or with
+    ``TOKEN_NORMS`` the buffer of dq and dk without the cross-head term, whose per-token share goes to cross_ptr), and
+    the chunk's partial dS, dz and temperature gradient (its group's heads); the first program also copies the DWC
+    weight tap-major for the key kernel."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
-    dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
+    dq_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + tl.program_id(2)  # the queries' share, per group
@@ -90,7 +98,7 @@ def query_grad_kernel(
         dphi = tiles.head_product(dnum.to(s.dtype), s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
         _, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
                                                 sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
-        tl.store(dq_base + places[None, :, None] * dqkv_stride_n + channels, dx, mask=ok)
+        tl.store(dq_base + places[None, :, None] * dqk_stride_n + channels, dx, mask=ok)
         if TOKEN_NORMS:
             tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
         if HALF_DOT:
@@ -111,11 +119,11 @@ def query_grad_kernel(
 
 @triton.jit
 def key_value_grad_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, taps_ptr, do_ptr, dqkv_ptr, grads_ptr,
-    cross_ptr,
-    N, stride_b, stride_n, do_stride_b, do_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, mask_stride_b,
-    norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w, feature_eps, map_h, map_w,
-    windows, windows_w, N_BUCKET,
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, taps_ptr, do_ptr, dqk_ptr, dqkv_ptr,
+    grads_ptr, cross_ptr,
+    N, stride_b, stride_n, do_stride_b, do_stride_n, dqk_stride_b, dqk_stride_n, dqkv_stride_b, dqkv_stride_n,
+    pos_stride_b, mask_stride_b, norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
+    feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, HAS_POS: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -123,7 +131,9 @@ def key_value_grad_kernel(
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
-    weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``).
+    weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``). dk goes to
+    columns C … 2C of dL/dqkv, or with ``TOKEN_NORMS`` of dqk_ptr (dq and dk without the cross-head term), dv to
+    columns 2C … 3C of dqkv_ptr.
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
@@ -134,8 +144,15 @@ def key_value_grad_kernel(
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
-    dk_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + H * D
-    dv_base = dk_base + H * D
+    dv_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + 2 * H * D
+    # without token norms dk goes to dL/dqkv through its own strides (dqk_ptr is dqkv_ptr there): the row addresses
+    # are then shared with dv's (a second stride cost 2.5 warp-instructions per token at 4×32 by the cost figure)
+    if TOKEN_NORMS:
+        dk_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b + H * D
+        dk_stride_n = dqk_stride_n
+    else:
+        dk_base = dv_base - H * D
+        dk_stride_n = dqkv_stride_n
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
@@ -162,7 +179,7 @@ def key_value_grad_kernel(
         m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
                                                   sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
-        tl.store(dk_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+        tl.store(dk_base + places[None, :, None] * dk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         if TOKEN_NORMS:
             tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
         acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
@@ -296,20 +313,23 @@ def dwc_weight_grad_kernel(
 
 @triton.jit
 def cross_head_grad_kernel(
-    qkv_ptr, pos_ptr, inv_ptr, norms_ptr, cross_ptr, dqkv_ptr, grads_ptr,
-    N, stride_b, stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, norms_stride_b, cross_stride_b, prefix, chunk,
-    feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
+    qkv_ptr, pos_ptr, inv_ptr, norms_ptr, cross_ptr, dqk_ptr, dqkv_ptr, grads_ptr, cross_grads_ptr,
+    N, stride_b, stride_n, dqk_stride_b, dqk_stride_n, dqkv_stride_b, dqkv_stride_n, pos_stride_b, norms_stride_b,
+    cross_stride_b, prefix, chunk, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     POWER: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
 ):  # fmt: skip
-    """The focused map's cross-head term of dq and dk (head groups), added in place for the tokens of chunk t of batch
-    element b and the heads of group ``program_id(2)``: each token's cross summed over the groups' shares times a
-    factor of its own channels (`triton_tiles.cross_head_grad`); and its temperature gradient, added to the
-    chunk's row of the queries' partials."""
+    """dq and dk with the focused map's cross-head term (head groups) for the tokens of chunk t of batch element b and
+    the heads of group ``program_id(2)``: their values without it (dqk_ptr, columns 0 … 2C) plus each token's cross
+    summed over the groups' shares times a factor of its own channels (`triton_tiles.cross_head_grad`), written to
+    dqkv_ptr; and the chunk's row of the queries' temperature partials (grads_ptr) plus the term's share, written to
+    its row of cross_grads_ptr. It reads no buffer it writes, so that a launch run again (autotuning) gives the same
+    result."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
+    partial_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b
     dq_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b
@@ -334,15 +354,18 @@ def cross_head_grad_kernel(
                                  other=0.0)  # fmt: skip
             m, sq_a, sq_y = tiles.load_norms(norms_base + 3 * (1 - which), places, row_ok, True)
             dx, dinv = tiles.cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER)
+            partial = tl.load(partial_base + which * (H * D) + places[None, :, None] * dqk_stride_n + channels, mask=ok,
+                              other=0.0)  # fmt: skip
             grad = dq_base + which * (H * D) + places[None, :, None] * dqkv_stride_n + channels
-            tl.store(grad, tl.load(grad, mask=ok, other=0.0).to(tl.float32) + dx, mask=ok)
+            tl.store(grad, partial.to(tl.float32) + dx, mask=ok)
             acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
-    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * (H * D)
+    row = (b * tl.num_programs(1) + t).to(tl.int64) * (H * D)
     heads = head0 + tl.arange(0, H_PAD)[:, None]
     dims = tl.arange(0, D_PAD)[None, :]
     columns_ok = (heads < H) & (dims < D)
     columns = row + heads * D + dims
-    tl.store(columns, tl.load(columns, mask=columns_ok, other=0.0) + acc_dinv, mask=columns_ok)
+    tl.store(cross_grads_ptr + columns, tl.load(grads_ptr + columns, mask=columns_ok, other=0.0) + acc_dinv,
+             mask=columns_ok)  # fmt: skip
 
 
 @triton.jit

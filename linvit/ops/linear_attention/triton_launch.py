@@ -503,11 +503,16 @@ def backward_plan(
     token_norms = norms.numel() > 0
     # each token's share of the focused map's cross-head sum per head group: the queries', then the keys'
     cross = torch.empty(images, map_tokens, 2, groups, **floats) if token_norms else qkv
+    # dq | dk without the cross-head term, which cross_head_grad reads to write them into dL/dqkv with it: a buffer of
+    # their own, so that no launch reads what it writes (an in-place sum under autotune adds its term once per run)
+    dqk = torch.empty(images, map_tokens, 2 * channels, dtype=qkv.dtype, device=qkv.device) if token_norms else grad_qkv
     kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
     weight_end = channels + (head_dim * kernel_size * kernel_size if dwc_weight is not None else 0)
     width = weight_end + (head_dim if dwc_weight is not None else 0)
     key_width = width + (groups - 1) * head_dim if dwc_weight is not None else width  # a bias share per group
     query_grads = torch.empty(batch * chunks, channels, **floats)
+    # the queries' temperature partials with the cross-head term's share (cross_head_grad's rows; sum_rows adds them)
+    cross_grads = torch.empty_like(query_grads) if token_norms else query_grads
     key_grads = torch.empty(batch * chunks, key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = _optional(inverse_temperature, qkv)
@@ -520,14 +525,9 @@ def backward_plan(
         "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value,
         "cross_stride_b": map_tokens * 2 * groups,
     }
-    grad_args = {
-        "do_ptr": grad_out,
-        "dqkv_ptr": grad_qkv,
-        "do_stride_b": grad_out.stride(0),
-        "do_stride_n": grad_out.stride(1),
-        "dqkv_stride_b": grad_qkv.stride(0),
-        "dqkv_stride_n": grad_qkv.stride(1),
-    }
+    out_grad_args = {"do_ptr": grad_out, "do_stride_b": grad_out.stride(0), "do_stride_n": grad_out.stride(1)}
+    grad_args = {"dqkv_ptr": grad_qkv, "dqkv_stride_b": grad_qkv.stride(0), "dqkv_stride_n": grad_qkv.stride(1)}
+    dqk_args = {"dqk_ptr": dqk, "dqk_stride_b": dqk.stride(0), "dqk_stride_n": dqk.stride(1)}
     query = Launch(
         "query_grad",
         triton_backward.query_grad_kernel,
@@ -535,7 +535,8 @@ def backward_plan(
         {
             **_walk(qkv, chunk, walked),
             **group_args,
-            **grad_args,
+            **out_grad_args,
+            **dqk_args,
             "inv_ptr": inv,
             "s_ptr": partial_s,
             "z_ptr": partial_z,
@@ -558,7 +559,9 @@ def backward_plan(
         {
             **_walk(qkv, chunk, walked),
             **group_args,
+            **out_grad_args,
             **grad_args,
+            **dqk_args,
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": inv,
             "mask_ptr": _optional(mask, qkv),
@@ -592,10 +595,10 @@ def backward_plan(
             **group_args,
             "pos_ptr": _optional(key_position, qkv),
             "inv_ptr": inv,
-            "dqkv_ptr": grad_qkv,
+            **dqk_args,
+            **grad_args,
             "grads_ptr": query_grads,
-            "dqkv_stride_b": grad_qkv.stride(0),
-            "dqkv_stride_n": grad_qkv.stride(1),
+            "cross_grads_ptr": cross_grads,
             "pos_stride_b": _position_stride(key_position),
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
@@ -652,7 +655,7 @@ def backward_plan(
         (triton.cdiv(width, SUM_BLOCK),),
         {
             "keys_ptr": key_grads,
-            "queries_ptr": query_grads,
+            "queries_ptr": cross_grads,
             "out_ptr": small_grads,
             "rows": batch * chunks,
             "width": width,
