@@ -338,7 +338,10 @@ def convert_checkpoint(
     if model_name is None:
         if creation:
             raise ValueError("--img-size / --model-kwargs describe a model: pass --model NAME with them.")
-        model_name, filtered, conversion = _infer(state_dict)
+        try:
+            model_name, filtered, conversion = _infer(state_dict)
+        except ValueError as error:
+            raise ValueError(f"'{src}': {error}") from None
     else:
         try:
             filtered, resized, model_args, inferred = infer_creation(model_name, state_dict, creation)

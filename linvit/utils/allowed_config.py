@@ -252,3 +252,44 @@ def check_pretrained_cfg(cfg: Mapping[str, Any], source: str | Path, opt_in: str
             _check_descriptions(value, where, source, opt_in)
         else:
             _check_value(value, where, source, opt_in)
+            wanted = _PREPROCESSING.get(key)
+            if wanted is not None and value is not None and not wanted[0](value):
+                raise _refusal(source, f"{where}={_describe(value)} ({wanted[1]} is wanted)", opt_in)
+
+
+def _numbers(value: Any, lengths: range, low: float, high: float) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) in lengths
+        and all(isinstance(item, (int, float)) and not isinstance(item, bool) and low < item <= high for item in value)
+    )
+
+
+def _positive_ints(value: Any, length: int) -> bool:
+    return _numbers(value, range(length, length + 1), 0, 1 << 20) and all(isinstance(item, int) for item in value)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+
+
+# What timm's transforms and builder read from a pretrained cfg, with the shape each must have (a wrong one ends in
+# an assertion deep inside timm, e.g. an input_size of two numbers).
+_PREPROCESSING: dict[str, tuple[Any, str]] = {
+    "input_size": (lambda v: _positive_ints(v, 3), "3 positive whole numbers (channels, height, width)"),
+    "test_input_size": (lambda v: _positive_ints(v, 3), "3 positive whole numbers"),
+    "min_input_size": (lambda v: _positive_ints(v, 3), "3 positive whole numbers"),
+    "pool_size": (lambda v: _positive_ints(v, 2), "2 positive whole numbers"),
+    "mean": (lambda v: _numbers(v, range(1, 5), -1e6, 1e6), "1 to 4 finite numbers"),
+    "std": (lambda v: _numbers(v, range(1, 5), 0, 1e6), "1 to 4 finite numbers above 0"),
+    "crop_pct": (lambda v: _numbers([v], range(1, 2), 0, 10), "a number in (0, 10]"),
+    "test_crop_pct": (lambda v: _numbers([v], range(1, 2), 0, 10), "a number in (0, 10]"),
+    "interpolation": (
+        lambda v: v in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming", "random"),
+        "one of nearest, bilinear, bicubic, lanczos, box, hamming",
+    ),  # fmt: skip
+    "crop_mode": (lambda v: v in ("center", "squash", "border"), "center, squash or border"),
+    "fixed_input_size": (lambda v: isinstance(v, bool), "true or false"),
+    "first_conv": (_names, "a layer name or a list of them"),
+    "classifier": (_names, "a layer name or a list of them"),
+}

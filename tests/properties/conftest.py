@@ -88,7 +88,7 @@ def _make_artefacts(folder: Path) -> None:
     run = _make_run(folder)
     checkpoint = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
     weights = {key.removeprefix("model."): value for key, value in checkpoint["state_dict"].items()}
-    weights = {key: value for key, value in weights.items() if not key.startswith("ema")}
+    weights = {key: value for key, value in weights.items() if not key.startswith(("ema", "model_ema"))}
     torch.save(weights, folder / "weights.pth")
     export = folder / "export"
     export.mkdir()

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from linvit.io.destination import RECORD_NAME, TEMPORARY_SUFFIX
+
 # Audit events that mean code ran or a process started (https://docs.python.org/3/library/audit_events.html).
 SPAWN_EVENTS = frozenset(
     {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.startfile", "pty.spawn"}
@@ -113,10 +115,15 @@ class Outcome:
         assert not self.record.spawned, f"{where}: spawned {self.record.spawned}"
         assert not self.record.unpickled, f"{where}: unpickled {self.record.unpickled[:5]}"
         allowed = [Path(path).resolve() for path in allowed_opens]
+        # beside a file it writes, linvit writes a temporary name first and records what it wrote
+        writers = {path.parent for path in allowed}
         for opened in self.record.opened:
             path = Path(opened).resolve() if not opened.startswith("/proc") else Path(opened)
             if artefacts in path.parents or path == artefacts:
-                assert any(path == root or root in path.parents for root in allowed), (
+                own = path in writers or (
+                    path.parent in writers and path.name.endswith((TEMPORARY_SUFFIX, RECORD_NAME))
+                )
+                assert own or any(path == root or root in path.parents for root in allowed), (
                     f"{where}: opened {path}, which the command line does not name"
                 )
         if self.status not in (0, None) and not (report and self.status == 1):
