@@ -248,8 +248,8 @@ def _model_from_run(args: argparse.Namespace):
     import torch
 
     import linvit.models  # noqa: F401  (registers linvit's families)
+    from linvit.train.runs.checkpoint_hparams import check_classifier_hparams
     from linvit.train.runs.export import find_checkpoint, load_checkpoint, model_state_dict, timm_config
-    from linvit.utils.saved_config import check_classifier_hparams
 
     which = args.checkpoint or "best"
     if which not in ("best", "last"):

@@ -70,13 +70,13 @@ def read_side_config(checkpoint: str | Path, model_name: str, trusted: bool = Fa
     ``{"model_args": ...}``; else {}.
 
     Either is read within bounds (:mod:`linvit.io.bounded`: size, nesting, a regular file, plain JSON) and, unless
-    ``trusted``, through the allow-list of :mod:`linvit.utils.allowed_config`: the keys timm writes in a
+    ``trusted``, through the allow-list of :mod:`linvit.io.allowed_config`: the keys timm writes in a
     ``config.json`` and, as model arguments, only plain creation arguments of ``model_name``'s class (nothing that
     loads files, trusts them or names another file). Anything else raises
     :class:`~linvit.utils.saved_config.UntrustedConfigError` naming the file and the key.
     """
+    from linvit.io.allowed_config import check_model_args, check_side_config
     from linvit.io.bounded import read_json
-    from linvit.utils.allowed_config import check_model_args, check_side_config
 
     path = Path(checkpoint).with_name("config.json")
     if not (path.exists() or path.is_symlink()):  # a FIFO, a folder or a dangling link is named by read_json

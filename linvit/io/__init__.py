@@ -1,4 +1,4 @@
-"""Checkpoint I/O, shared by the model families, ``linvit.dense``, ``linvit.train`` and the ``linvit`` commands.
+"""Reading and writing files nobody vouched for; checkpoint I/O, shared by the model families, ``linvit.dense``, ``linvit.train`` and the ``linvit`` commands.
 
 - :mod:`~linvit.io.safe_load`: :func:`load_checkpoint_file` reads ``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors``
   files without running code from them (pickled training configs come back inert; anything else is refused unless
@@ -10,7 +10,14 @@
 - :mod:`~linvit.io.integrity`: :func:`verify_file`, run before every load: zip CRC-32s, safetensors headers, recorded
   SHA-256s (:class:`DamagedCheckpointError` names the file and the entry);
 - :mod:`~linvit.io.finite`: weights with NaN/Inf named (:func:`check_finite_weights`), and the opt-out;
-- :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError) and :class:`UntrustedCheckpointError`.
+- :mod:`~linvit.io.destination`: every file linvit writes (temporary name, rename, a record of what it wrote and its
+  SHA-256; a file it did not write is replaced only with ``--force``);
+- :mod:`~linvit.io.bounded`: JSON/YAML from untrusted files, bounded in size and nesting, plain data only;
+  :mod:`~linvit.io.allowed_config`: the keys and value types a ``config.json`` or saved config may set;
+- :mod:`~linvit.io.images`: the one image loader (regular files only, pixel and aspect limits from the header,
+  non-finite float pixels refused);
+- :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError), :class:`UntrustedCheckpointError` and
+  :class:`UntrustedConfigError`.
 
 Imports torch, timm and safetensors only (no other room of linvit).
 """

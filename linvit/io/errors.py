@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "UntrustedCheckpointError", "short_message"]
+__all__ = ["CheckpointError", "UntrustedCheckpointError", "UntrustedConfigError", "short_message"]
 
 
 class CheckpointError(ValueError):
@@ -11,6 +11,10 @@ class CheckpointError(ValueError):
 
 class UntrustedCheckpointError(CheckpointError):
     """A checkpoint names Python objects that loading it safely cannot rebuild (it would have to run code)."""
+
+
+class UntrustedConfigError(ValueError):
+    """A saved config asks to build or set something outside linvit's allow-lists (nothing from it was run)."""
 
 
 def short_message(error: BaseException, limit: int = 160) -> str:

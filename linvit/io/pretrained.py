@@ -214,7 +214,7 @@ def _check_arguments_from_a_file(model_cls: type, kwargs: Mapping[str, Any]) -> 
     """Refuse creation arguments that a ``local-dir:`` folder's or a hub repo's ``config.json`` added.
 
     timm merges that file's ``model_args`` into the caller's kwargs and also passes them as ``pretrained_model_args``:
-    each must be a plain creation argument of ``model_cls`` (see :mod:`linvit.utils.allowed_config`), so the file
+    each must be a plain creation argument of ``model_cls`` (see :mod:`linvit.io.allowed_config`), so the file
     cannot turn on ``trusted`` or ``allow_non_finite`` nor name other files. A caller who writes ``trusted=True``
     lifts the check, unless the file itself says ``trusted``.
     """
@@ -223,7 +223,7 @@ def _check_arguments_from_a_file(model_cls: type, kwargs: Mapping[str, Any]) -> 
         return
     if kwargs.get("trusted") is True and "trusted" not in from_file:
         return
-    from linvit.utils.allowed_config import check_model_args
+    from linvit.io.allowed_config import check_model_args
 
     check_model_args(model_cls, from_file, _config_source(kwargs.get("pretrained_cfg")), opt_in="trusted=True")
 

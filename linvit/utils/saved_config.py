@@ -23,15 +23,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from linvit.io.errors import UntrustedConfigError
+
 __all__ = [
+    "refusal",
     "LOADING_ARGUMENTS",
     "TRUSTED_DATAMODULES",
     "TRUSTED_MODELS",
     "TRUSTED_TARGETS",
     "UntrustedConfigError",
-    "check_classifier_hparams",
     "check_model_arguments",
-    "check_segmenter_hparams",
     "check_targets",
 ]
 
@@ -67,10 +68,6 @@ LOADING_ARGUMENTS: frozenset[str] = frozenset(
 _CALLABLE_KEYS = ("_target_", "_instantiator")
 
 
-class UntrustedConfigError(ValueError):
-    """A saved config asks to build something outside linvit's allow-list (nothing from it was run)."""
-
-
 def _walk(node: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
     """(dotted key, key, value) of every mapping entry below ``node``, depth first."""
     if isinstance(node, Mapping):
@@ -94,7 +91,7 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def _refusal(source: str | Path, what: str, opt_in: str) -> UntrustedConfigError:
+def refusal(source: str | Path, what: str, opt_in: str) -> UntrustedConfigError:
     return UntrustedConfigError(
         f"Refusing {what} from '{source}': saved configs may only build linvit's own classes and registered models, "
         f"and nothing from this one was run. If you trust this file and its source, pass {opt_in}."
@@ -128,7 +125,7 @@ def check_targets(
         what = f"{where}={value!r}"
         if key == "_target_" and (not at_root or not allowed):
             what += " (a saved config builds its DataModule and its model, and nothing named below them)"
-        raise _refusal(source, what, opt_in)
+        raise refusal(source, what, opt_in)
 
 
 def check_model_arguments(
@@ -140,56 +137,22 @@ def check_model_arguments(
 ) -> None:
     """Raise :class:`UntrustedConfigError` unless ``model_name`` is a registered timm model (None: the caller names
     the model itself, and only the loading arguments are refused) and ``model_args`` holds only creation arguments
-    of its class that a file may set, as plain values (:func:`linvit.utils.allowed_config.check_model_args`: nothing
+    of its class that a file may set, as plain values (:func:`linvit.io.allowed_config.check_model_args`: nothing
     that loads, trusts or names a file, see :data:`LOADING_ARGUMENTS`); nested ``_target_`` entries are checked as
     by :func:`check_targets`."""
     import timm
 
     import linvit.models  # noqa: F401  (registers linvit's families)
-    from linvit.utils.allowed_config import NEVER_FROM_A_FILE, check_model_args
+    from linvit.io.allowed_config import NEVER_FROM_A_FILE, check_model_args
 
     if model_name is not None and (
         not isinstance(model_name, str) or ":" in model_name or not timm.is_model(model_name)
     ):
-        raise _refusal(source, f"model {model_name!r} (not a registered timm model name)", opt_in)
+        raise refusal(source, f"model {model_name!r} (not a registered timm model name)", opt_in)
     check_targets(dict(model_args or {}), source, opt_in, prefix=prefix, allowed=frozenset())
     if model_name is not None:
         check_model_args(model_name, model_args, source, opt_in, prefix=prefix)
         return
     loading = sorted((LOADING_ARGUMENTS | NEVER_FROM_A_FILE).intersection(model_args or {}))
     if loading:
-        raise _refusal(source, f"model arguments {loading} (they load files or weights)", opt_in)
-
-
-def _check_hparam_keys(hparams: Mapping[str, Any], module_cls: type, source: str | Path, opt_in: str) -> None:
-    """Only the LightningModule's own constructor arguments (what ``save_hyperparameters`` records)."""
-    from linvit.utils.allowed_config import constructor_arguments
-
-    allowed = constructor_arguments(module_cls, exclude=frozenset())  # its `pretrained`: the caller sets it False
-    for key in hparams:
-        if key not in allowed:
-            raise _refusal(source, f"hyper_parameters.{key} (not an argument of {module_cls.__name__})", opt_in)
-
-
-def check_classifier_hparams(hparams: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
-    """Check an ``ImageClassifier`` checkpoint's hyper-parameters: no callables, only the classifier's own
-    arguments, a registered model created with plain creation arguments that load nothing. (The classifier's
-    ``pretrained`` flag is the caller's to override: the weights come from the file.)"""
-    from linvit.train.modules.classification import ImageClassifier
-
-    check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
-    _check_hparam_keys(hparams, ImageClassifier, source, opt_in)
-    check_model_arguments(
-        str(hparams.get("model_name")), hparams.get("model_kwargs"), source, opt_in, "hyper_parameters.model_kwargs"
-    )
-
-
-def check_segmenter_hparams(hparams: Mapping[str, Any], source: str | Path, opt_in: str = "--trusted") -> None:
-    """Check a ``SegmentationModule`` checkpoint's hyper-parameters as :func:`check_classifier_hparams` does."""
-    from linvit.train.modules.segmentation import SegmentationModule
-
-    check_targets(hparams, source, opt_in, prefix="hyper_parameters", allowed=frozenset())
-    _check_hparam_keys(hparams, SegmentationModule, source, opt_in)
-    check_model_arguments(
-        str(hparams.get("backbone")), hparams.get("backbone_kwargs"), source, opt_in, "hyper_parameters.backbone_kwargs"
-    )
+        raise refusal(source, f"model arguments {loading} (they load files or weights)", opt_in)

@@ -15,12 +15,12 @@ import yaml
 from omegaconf import OmegaConf
 
 from linvit.cli import main as linvit_main
+from linvit.train.runs.checkpoint_hparams import check_classifier_hparams
 from linvit.train.runs.hydra_app import config_dir
 from linvit.train.runs.run import resolve_ckpt_path
 from linvit.utils.saved_config import (
     TRUSTED_TARGETS,
     UntrustedConfigError,
-    check_classifier_hparams,
     check_model_arguments,
     check_targets,
 )

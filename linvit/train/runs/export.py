@@ -21,7 +21,7 @@ import torch
 
 from linvit.io import UntrustedCheckpointError, load_checkpoint_file
 from linvit.io.destination import check_destination, check_not_input, prepare_folder, write_file
-from linvit.utils.saved_config import check_classifier_hparams
+from linvit.train.runs.checkpoint_hparams import check_classifier_hparams
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"

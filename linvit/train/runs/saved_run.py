@@ -253,7 +253,7 @@ def build_from_config(
 def _check_arguments(config: Mapping[str, Any], source: str | Path, opt_in: str, prefix: str) -> None:
     """The keys of an allow-listed class's node are its constructor's own arguments (an unknown one would end in a
     TypeError deep inside the build), naming the first other one."""
-    from linvit.utils.allowed_config import constructor_arguments
+    from linvit.io.allowed_config import constructor_arguments
     from linvit.utils.saved_config import UntrustedConfigError
 
     if "_target_" not in config:
@@ -285,7 +285,7 @@ def module_from_checkpoint(
     arguments that load files). Weights never come from anywhere but ``saved`` (no pretrained download, no backbone
     checkpoint file). ``datamodule``: the run's, whose class names label a segmentation run that recorded none.
     """
-    from linvit.utils.saved_config import check_classifier_hparams, check_segmenter_hparams
+    from linvit.train.runs.checkpoint_hparams import check_classifier_hparams, check_segmenter_hparams
 
     hparams = dict(saved.get("hyper_parameters") or {})
     if current_target(model_target) == _SEGMENTER:

@@ -7,7 +7,7 @@ Nothing in them is trusted: a key is taken only if it is a named parameter of th
 (:data:`NEVER_FROM_A_FILE`: ``trusted``, ``allow_non_finite``, ``pretrained*``, ``checkpoint_path`` ...), and its
 value is a JSON scalar or a short flat list of them (:func:`check_model_args`). The top level of a ``config.json``
 and its ``pretrained_cfg`` are allow-listed as well (:func:`check_side_config`). Anything else is refused in one
-:class:`~linvit.utils.saved_config.UntrustedConfigError` line naming the file, the key and the opt-in.
+:class:`~linvit.io.errors.UntrustedConfigError` line naming the file, the key and the opt-in.
 
 Trust comes only from the command line (``--trusted``, ``trust_checkpoint=true``) or from a Python caller who writes
 ``trusted=True`` in code; no file can widen it.
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from linvit.utils.saved_config import UntrustedConfigError
+from linvit.io.errors import UntrustedConfigError
 
 __all__ = [
     "MAX_LIST_ITEMS",
@@ -99,9 +99,7 @@ def constructor_arguments(model_cls: type, exclude: frozenset[str] = NEVER_FROM_
 @functools.lru_cache(maxsize=64)
 def _registered_model_class(model_name: str) -> type | None:
     """The class ``timm.create_model(model_name)`` builds (built on the meta device: no memory, no weights)."""
-    import timm
-
-    import linvit.models  # noqa: F401  (registers linvit's families)
+    import timm  # linvit's families are registered: importing linvit.io ran linvit/__init__
 
     if ":" in model_name or not timm.is_model(model_name):
         return None
