@@ -94,8 +94,9 @@ def check_plain(value: Any, source: str, where: str = "", depth: int = 0) -> Non
         raise UntrustedFileError(f"{source}: {where or 'the top'} holds a {type(value).__name__}, not plain data")
 
 
-def parse_json(text: str | bytes, source: str, limit: int = MAX_CONFIG_BYTES) -> Any:
-    """JSON text (e.g. a safetensors metadata value) parsed within the bounds; ``source`` names it in errors."""
+def _text_within_bounds(text: str | bytes, source: str, limit: int, nesting) -> str:  # noqa: ANN001
+    """``text`` as UTF-8 text, checked against the size ``limit`` and ``nesting(text)`` against :data:`MAX_NESTING`
+    before any parser sees it."""
     if len(text) > limit:
         raise UntrustedFileError(f"{source} is {len(text):,} bytes, over the {limit:,} it may be")
     if isinstance(text, bytes):
@@ -103,8 +104,14 @@ def parse_json(text: str | bytes, source: str, limit: int = MAX_CONFIG_BYTES) ->
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise UntrustedFileError(f"{source} is not UTF-8 text") from None
-    if _nesting_of_text(text) > MAX_NESTING:
+    if nesting(text) > MAX_NESTING:
         raise UntrustedFileError(f"{source} is nested deeper than {MAX_NESTING} levels")
+    return text
+
+
+def parse_json(text: str | bytes, source: str, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """JSON text (e.g. a safetensors metadata value) parsed within the bounds; ``source`` names it in errors."""
+    text = _text_within_bounds(text, source, limit, _nesting_of_text)
     try:
         value = json.loads(text, parse_constant=lambda name: _refuse_constant(name, source))
     except json.JSONDecodeError as error:
@@ -171,15 +178,7 @@ def parse_yaml(text: str | bytes, source: str, limit: int = MAX_CONFIG_BYTES) ->
     """YAML text parsed within the bounds (see the module); ``source`` names it in errors."""
     import yaml
 
-    if len(text) > limit:
-        raise UntrustedFileError(f"{source} is {len(text):,} bytes, over the {limit:,} it may be")
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UntrustedFileError(f"{source} is not UTF-8 text") from None
-    if _nesting_of_text(text) > MAX_NESTING or _indent_levels(text) > MAX_NESTING:
-        raise UntrustedFileError(f"{source} is nested deeper than {MAX_NESTING} levels")
+    text = _text_within_bounds(text, source, limit, lambda text: max(_nesting_of_text(text), _indent_levels(text)))
     try:
         value = yaml.load(text, Loader=_plain_yaml_loader())  # noqa: S506 - the loader above builds plain data only
     except yaml.YAMLError as error:
