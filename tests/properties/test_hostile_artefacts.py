@@ -286,6 +286,7 @@ HOSTILE_OVERRIDE_VALUES = st.recursive(
 @example(key="trainer.max_epochs", value=[1, 2])
 @example(key="data.mean", value=[float("nan")])
 @example(key="ckpt_path", value="/dev/zero")
+@example(key="trainer.precision", value=[""])  # found by the property tier: a traceback from Lightning's Trainer
 def test_a_hostile_training_option_is_named(real_artefacts, key, value):
     sandbox = _sandbox(real_artefacts)
     outcome = run_command(

@@ -64,6 +64,13 @@ IMAGE_SIZE = Wanted(
     lambda value: value == "auto" or _is_int(value) or _numbers(2, 2, _is_int)(value),
 )
 WORKERS = Wanted("auto or an integer", lambda value: value == "auto" or _is_int(value))
+# Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT), as text or as the numbers it also takes
+_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+               "32-true", "64-true", "64", "32", "16", "bf16")  # fmt: skip
+PRECISION = Wanted(
+    "one of " + ", ".join(_PRECISIONS[2:8]) + " (or 16, 32, 64)",
+    lambda value: (isinstance(value, str) and value in _PRECISIONS) or (_is_int(value) and value in (16, 32, 64)),
+)
 NUMBER_OR_SWITCH = Wanted("a finite number or true/false", lambda value: isinstance(value, bool) or _is_number(value))
 
 _DROP_RATES = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate")
@@ -80,6 +87,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "export.ema": SWITCH,
     # Lightning's Trainer
     "trainer.max_epochs": INTEGER.or_null(),
+    "trainer.precision": PRECISION.or_null(),
     "trainer.min_epochs": INTEGER.or_null(),
     "trainer.max_steps": INTEGER,
     "trainer.min_steps": INTEGER.or_null(),

@@ -43,6 +43,8 @@ def run_task(cfg: Any) -> float | None:
     end the run with their one-line message (exit status 1) instead of a traceback; ``HYDRA_FULL_ERROR=1`` shows the
     traceback. The checkpoints on disk stay as they were.
     """
+    from hydra.errors import InstantiationException
+
     from linvit.io import CheckpointError
     from linvit.io.destination import DestinationError, refuse_os_error
     from linvit.train.data.datasets import DataUnavailableError
@@ -59,14 +61,24 @@ def run_task(cfg: Any) -> float | None:
                 raise
             raise refuse_os_error(error.filename or "a file of the run", error) from error
     except (DataUnavailableError, FolderLayoutError, CheckpointError, ConfigTypeError, DestinationError) as error:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        _stop(error)
+    except InstantiationException as error:  # a config value the typed check has no rule for, refused by its class
+        if not isinstance(error.__cause__, (ValueError, TypeError)):
             raise
-        _log.error("%s", error)
-        sys.stderr.write(f"Error: {error}\n")
-        sys.exit(1)
+        target = str(error).split("'")[1] if str(error).count("'") >= 2 else "an object of the config"
+        _stop(f"the config's values for {target} were refused: {' '.join(str(error.__cause__).split())}")
     if is_first_process():
         _log.info(summarize(cfg, metrics))
     return metrics.get(str(cfg.get("optimized_metric", "test/acc1")))
+
+
+def _stop(error: BaseException | str) -> None:
+    """End the run with one ``Error:`` line (``HYDRA_FULL_ERROR=1``: the traceback instead)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" and isinstance(error, BaseException):
+        raise error
+    _log.error("%s", error)
+    sys.stderr.write(f"Error: {error}\n")
+    sys.exit(1)
 
 
 def main(argv: list[str] | None = None, configs: str | os.PathLike | None = None) -> None:
