@@ -1,4 +1,5 @@
-"""Reading and writing files nobody vouched for; checkpoint I/O, shared by the model families, ``linvit.dense``, ``linvit.train`` and the ``linvit`` commands.
+"""Reading and writing files nobody vouched for, and checkpoint I/O; shared by the model families, ``linvit.dense``,
+``linvit.train`` and the ``linvit`` commands.
 
 - :mod:`~linvit.io.safe_load`: :func:`load_checkpoint_file` reads ``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors``
   files without running code from them (pickled training configs come back inert; anything else is refused unless

@@ -73,6 +73,7 @@ def _run_command_line(command: str, run: Path, sandbox: Path) -> list[str]:
 @example(command="export", edits=[(0.0, "replace", "", 0)], injection=YAML_INJECTIONS[0])
 @example(command="eval", edits=[(0.5, "add", "_partial_", True)], injection=None)
 @example(command="eval", edits=[(0.5, "add", "_target_ ", "builtins.eval")], injection=None)
+@example(command="eval", edits=[(0.0, "replace", "_target_", {})], injection=None)  # found: no data._target_
 def test_a_damaged_run_config_is_refused_by_key(real_artefacts, command, edits, injection):
     sandbox = _sandbox(real_artefacts, "run")
     run = sandbox / "run"
@@ -286,6 +287,7 @@ HOSTILE_OVERRIDE_VALUES = st.recursive(
 @example(key="trainer.max_epochs", value=[1, 2])
 @example(key="data.mean", value=[float("nan")])
 @example(key="ckpt_path", value="/dev/zero")
+@example(key="seed", value=None)  # found by the property tier: a TypeError from the DataModule's int(seed)
 @example(key="trainer.precision", value=[""])  # found by the property tier: a traceback from Lightning's Trainer
 def test_a_hostile_training_option_is_named(real_artefacts, key, value):
     sandbox = _sandbox(real_artefacts)

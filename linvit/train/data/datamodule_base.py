@@ -8,6 +8,7 @@ describe its preprocessing, written next to exported weights).
 from __future__ import annotations
 
 import logging
+import random
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +53,7 @@ class ClassificationDataModule(LightningDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = False,
         drop_last: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
     ):
@@ -68,7 +69,8 @@ class ClassificationDataModule(LightningDataModule):
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.drop_last = bool(drop_last)
-        self.seed = int(seed)
+        # seed=null: an unseeded run, so a fresh seed for the data order (the run's log and config record it)
+        self.seed = int(seed) if seed is not None else random.SystemRandom().randrange(2**31)
         self.mean = tuple(float(v) for v in mean)
         self.std = tuple(float(v) for v in std)
         self.class_names: list[str] = [str(i) for i in range(self.num_classes)]

@@ -240,8 +240,13 @@ def build_from_config(
     ``source`` and ``prefix`` (the key of ``config`` in that file) name the refused entry in the
     :class:`~linvit.utils.saved_config.UntrustedConfigError`; ``opt_in`` is the option that trusts the file.
     """
-    from linvit.utils.saved_config import TRUSTED_TARGETS, check_targets
+    from linvit.utils.saved_config import TRUSTED_TARGETS, UntrustedConfigError, check_targets
 
+    if not isinstance(config, Mapping) or not isinstance(config.get("_target_"), str):
+        key = f"{prefix}._target_" if prefix else "_target_"
+        raise UntrustedConfigError(
+            f"'{source}': {key} is missing, so it names nothing to build; it should be the config.yaml a run wrote"
+        )
     config = _with_current_targets(config)
     if not trusted:
         allowed = TRUSTED_TARGETS if allowed is None else allowed
