@@ -121,7 +121,7 @@ class _RunsCode:
 @pytest.mark.parametrize("command", ["export", "eval"])
 def test_a_checkpoint_that_runs_code_is_refused_naming_trusted(tmp_path, capsys, command):
     marker = tmp_path / "code_ran"
-    (tmp_path / "config.yaml").write_text("data: {}\n")
+    (tmp_path / "config.yaml").write_text("data: {_target_: linvit.train.data.datamodules.DigitsDataModule}\n")
     torch.save({"state_dict": {}, "hyper_parameters": _RunsCode(marker)}, tmp_path / "evil.ckpt")
     code = linvit_main([command, str(tmp_path / "evil.ckpt")])
     assert code != 0
