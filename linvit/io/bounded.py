@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def check_plain(value: Any, source: str, where: str = "", depth: int = 0) -> Non
         raise UntrustedFileError(f"{source}: {where or 'the top'} holds a {type(value).__name__}, not plain data")
 
 
-def _text_within_bounds(text: str | bytes, source: str, limit: int, nesting) -> str:  # noqa: ANN001
+def _text_within_bounds(text: str | bytes, source: str, limit: int, nesting: Callable[[str], int]) -> str:
     """``text`` as UTF-8 text, checked against the size ``limit`` and ``nesting(text)`` against :data:`MAX_NESTING`
     before any parser sees it."""
     if len(text) > limit:
@@ -135,7 +136,7 @@ def _plain_yaml_loader():
     class PlainLoader(yaml.SafeLoader):
         """YAML's safe loader without tags or aliases: plain scalars, lists and mappings only."""
 
-        def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        def compose_node(self, parent, index):  # PyYAML's signature
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.constructor.ConstructorError(
@@ -168,7 +169,7 @@ def _plain_yaml_loader():
     return PlainLoader
 
 
-def _refuse_tag(loader, node):  # noqa: ANN001 - PyYAML's signature
+def _refuse_tag(loader, node):  # PyYAML's signature
     import yaml
 
     raise yaml.constructor.ConstructorError(None, None, f"the tag {node.tag} is not read", node.start_mark)

@@ -74,7 +74,7 @@ def recording() -> Iterator[_Recording]:
 def time_limit(seconds: int) -> Iterator[None]:
     """Raise TimeoutError in the main thread if the block runs longer than ``seconds``."""
 
-    def expire(signum, frame):  # noqa: ANN001 - signal handler signature
+    def expire(signum, frame):  # a signal handler's signature
         raise TimeoutError(f"took longer than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, expire)

@@ -56,7 +56,7 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, list[str]]:
     """A 2-step training run of linvit_nano at 32 px (exported by the run), and the lines it logged."""
-    from train_helpers import FAST, compose
+    from train_helpers import FAST, SHORT, compose
 
     from linvit.train.runs.run import train
 
@@ -66,10 +66,7 @@ def trained(tmp_path_factory) -> tuple[Path, list[str]]:
         f"model.model_name={MODEL}",
         *FAST,
         "data.img_size=32",
-        "trainer.max_epochs=1",
-        "+trainer.limit_train_batches=2",
-        "+trainer.limit_val_batches=1",
-        "+trainer.limit_test_batches=1",
+        *SHORT,
     ]
     records = _Records()
     root = logging.getLogger()
