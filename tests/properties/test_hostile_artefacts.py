@@ -291,6 +291,7 @@ HOSTILE_OVERRIDE_VALUES = st.recursive(
 @example(key="ckpt_path", value="/dev/zero")
 @example(key="seed", value=None)  # found by the property tier: a TypeError from the DataModule's int(seed)
 @example(key="trainer.precision", value=[""])  # found by the property tier: a traceback from Lightning's Trainer
+@example(key="model.model_kwargs.drop_path_rate", value=-1.7976931348623157e308)  # found by CI: the model's ValueError
 def test_a_hostile_training_option_is_named(real_artefacts, key, value):
     sandbox = _sandbox(real_artefacts)
     outcome = run_command(

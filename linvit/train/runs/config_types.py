@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_TYPES", "ConfigTypeError", "Wanted", "check_config_types"]
+__all__ = ["CONFIG_TYPES", "ConfigTypeError", "ConfigValueError", "Wanted", "check_config_types"]
 
 
 class ConfigTypeError(ValueError):
     """A config value has the wrong type (the message names the key, the value and the type wanted)."""
+
+
+class ConfigValueError(ValueError):
+    """A config value of the right type that the class it builds refused (``drop_path_rate=-1``), or that disagrees
+    with another section (``model.num_classes`` against the data's): the class's own message, which names it."""
 
 
 @dataclass(frozen=True)

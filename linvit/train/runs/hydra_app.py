@@ -38,10 +38,10 @@ def run_task(cfg: Any) -> float | None:
     """Hydra's task: train, test, export; the summary from the first process; the metric a sweeper optimises.
 
     A data set that is not there or cannot be read as one label per class folder (a symlink loop, a single class), a
-    config value of the wrong type, a checkpoint that cannot be read (``ckpt_path=``, the run's ``last.ckpt``) and a
-    file that cannot be written (a full disk, a read-only folder: :class:`~linvit.io.destination.DestinationError`)
-    end the run with their one-line message (exit status 1) instead of a traceback; ``HYDRA_FULL_ERROR=1`` shows the
-    traceback. The checkpoints on disk stay as they were.
+    config value of the wrong type or one its class refuses, a checkpoint that cannot be read (``ckpt_path=``, the
+    run's ``last.ckpt``) and a file that cannot be written (a full disk, a read-only folder:
+    :class:`~linvit.io.destination.DestinationError`) end the run with their one-line message (exit status 1)
+    instead of a traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback. The checkpoints on disk stay as they were.
     """
     from hydra.errors import InstantiationException
 
@@ -49,7 +49,7 @@ def run_task(cfg: Any) -> float | None:
     from linvit.io.destination import DestinationError, refuse_os_error
     from linvit.train.data.datasets import DataUnavailableError
     from linvit.train.data.folder_scan import FolderLayoutError
-    from linvit.train.runs.config_types import ConfigTypeError
+    from linvit.train.runs.config_types import ConfigTypeError, ConfigValueError
     from linvit.train.runs.run import summarize, train
     from linvit.train.runs.run_dir import is_first_process
 
@@ -62,6 +62,8 @@ def run_task(cfg: Any) -> float | None:
             raise refuse_os_error(error.filename or "a file of the run", error) from error
     except (DataUnavailableError, FolderLayoutError, CheckpointError, ConfigTypeError, DestinationError) as error:
         _stop(error)
+    except ConfigValueError as error:  # a value its class refused, in the class's words (one line)
+        _stop(error if os.environ.get("HYDRA_FULL_ERROR") == "1" else " ".join(str(error).split()))
     except InstantiationException as error:  # a config value the typed check has no rule for, refused by its class
         if not isinstance(error.__cause__, (ValueError, TypeError)):
             raise

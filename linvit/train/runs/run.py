@@ -19,6 +19,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from linvit.train.runs.config_types import ConfigValueError
+
 _log = logging.getLogger("linvit.train")
 
 
@@ -89,8 +91,9 @@ def _update_renamed_targets(node: Any) -> None:
             node[key] = current_target(child._value())
 
 
-def _instantiate_plain(section: DictConfig) -> Any:
-    """``instantiate`` with plain Python arguments; a ValueError/TypeError of the target comes out unwrapped.
+def _instantiate_plain(section: DictConfig, name: str) -> Any:
+    """``instantiate`` with plain Python arguments; a ValueError/TypeError of the target comes out unwrapped, as a
+    :class:`ConfigValueError` with the target's own message.
 
     Hydra wraps every error of the target in ``InstantiationException``; the target's own message (what was
     wrong, how to fix it) is what a user of ``train.py`` needs to see first. Targets of classes that moved are
@@ -103,9 +106,27 @@ def _instantiate_plain(section: DictConfig) -> Any:
     try:
         return instantiate(section, _convert_="all")
     except InstantiationException as error:
-        if isinstance(error.__cause__, (ValueError, TypeError, FileNotFoundError)):
+        if isinstance(error.__cause__, (ValueError, TypeError)):
+            raise ConfigValueError(_name_the_keys(str(error.__cause__), section, name)) from error.__cause__
+        if isinstance(error.__cause__, FileNotFoundError):
             raise error.__cause__ from None
         raise
+
+
+def _name_the_keys(message: str, section: DictConfig, name: str) -> str:
+    """The class names its argument (``drop_path_rate=-1``); the user set a config key
+    (``model.model_kwargs.drop_path_rate``): the message starts with the keys it is about, unless it names them."""
+    import re
+
+    def leaves(node: Any, prefix: str) -> Iterator[str]:
+        for key, value in node.items() if isinstance(node, dict) else ():
+            yield from leaves(value, f"{prefix}.{key}") if isinstance(value, dict) else (f"{prefix}.{key}",)
+
+    plain = OmegaConf.to_container(section, resolve=False)
+    keys = [key for key in leaves(plain, name) if re.search(rf"\b{re.escape(key.rsplit('.', 1)[1])}=", message)]
+    if not keys or any(key in message for key in keys):
+        return message
+    return f"{', '.join(keys)}: {message}"
 
 
 def _check_model_matches_data(model: Any, datamodule: Any) -> None:
@@ -114,7 +135,7 @@ def _check_model_matches_data(model: Any, datamodule: Any) -> None:
     for key in ("num_classes", "in_chans"):
         built, data = hparams.get(key), getattr(datamodule, key, None)
         if built is not None and data is not None and int(built) != int(data):
-            raise ValueError(
+            raise ConfigValueError(
                 f"model.{key}={built} but the data has {key}={data}: drop the model.{key} override (it follows "
                 f"data.{key} by default) or set both to the same value."
             )
@@ -272,9 +293,9 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     output_dir = prepare_folder(Path(str(cfg.paths.output_dir)))
 
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
-    datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data)
+    datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data, "data")
     _choose_img_size(cfg, datamodule)
-    model: pl.LightningModule = _instantiate_plain(cfg.model)
+    model: pl.LightningModule = _instantiate_plain(cfg.model, "model")
     _check_model_matches_data(model, datamodule)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])
     loggers = _instantiate_all(cfg.get("logger"))
