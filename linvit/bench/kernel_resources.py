@@ -38,7 +38,7 @@ from linvit.bench.kernel_cost import (  # noqa: E402
     kernel_cost,
     unlaunchable,
 )
-from linvit.ops.linear_attention import triton_launch  # noqa: E402
+from linvit.ops.linear_attention import triton_geometry, triton_launch  # noqa: E402
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU  # noqa: E402
 
 _MAPS = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
@@ -85,7 +85,7 @@ SHAPES = (
 )
 
 
-def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.Launch]]:
+def plans(shape: Shape) -> tuple[list[triton_geometry.Launch], list[triton_geometry.Launch]]:
     """The forward and backward launches of one shape, planned on meta tensors (nothing is allocated): a positional
     table shared by the batch, a DWC with bias, no key mask: what FocusedLinearAttention runs."""
     meta = {"device": "meta"}
@@ -96,7 +96,7 @@ def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.
     position = torch.empty(1, positions, channels, **meta)
     weight = torch.empty(shape.head_dim, 1, shape.kernel_size, shape.kernel_size, **meta)
     bias = torch.empty(shape.head_dim, **meta)
-    options = triton_launch.KernelOptions(
+    options = triton_geometry.KernelOptions(
         shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6, *(shape.window or (0, 0))
     )
     forward, out, partials = triton_launch.forward_plan(
@@ -113,18 +113,18 @@ def plans(shape: Shape) -> tuple[list[triton_launch.Launch], list[triton_launch.
 TORCH_LAUNCHES = {"forward": 0, "backward": 1}
 
 
-def _configs(launch: triton_launch.Launch) -> list[tuple[int, int, int]]:
-    return list(triton_launch.TILE_CONFIGS) if launch.tuned else [(0, launch.num_warps, 1)]
+def _configs(launch: triton_geometry.Launch) -> list[tuple[int, int, int]]:
+    return list(triton_geometry.TILE_CONFIGS) if launch.tuned else [(0, launch.num_warps, 1)]
 
 
-def launch_costs(launch: triton_launch.Launch, arch: int) -> list[tuple[tuple[int, int, int], KernelCost]]:
+def launch_costs(launch: triton_geometry.Launch, arch: int) -> list[tuple[tuple[int, int, int], KernelCost]]:
     """(config, cost) of a launch for every configuration of its autotune space."""
     results = []
     for block, warps, stages in _configs(launch):
         constants, args = dict(launch.constants), dict(launch.args)
         if launch.tuned:
             constants["BLOCK_N"] = block
-            args["N_BUCKET"] = triton_launch.n_bucket(launch)
+            args["N_BUCKET"] = triton_geometry.n_bucket(launch)
         cost = kernel_cost(launch.kernel, args, constants, launch.grid, launch.loops(block), warps, stages, arch)
         results.append(((block, warps, stages), cost))
     return results

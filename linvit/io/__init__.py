@@ -18,7 +18,8 @@
 - :mod:`~linvit.io.images`: the one image loader (regular files only, pixel and aspect limits from the header,
   non-finite float pixels refused);
 - :mod:`~linvit.io.errors`: :class:`CheckpointError` (a ValueError), :class:`UntrustedCheckpointError` and
-  :class:`UntrustedConfigError`.
+  :class:`UntrustedConfigError`; every error that names what a file holds prints as one line (``OneLineError``:
+  a separator or control character in a hostile key or file name is shown escaped).
 
 Imports torch, timm and safetensors only (no other room of linvit).
 """

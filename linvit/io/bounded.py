@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from linvit.io.errors import OneLineError
+
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_NESTING",
@@ -34,7 +36,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a run's config.yaml is ~5 KB, a timm config.json ~
 MAX_NESTING = 32
 
 
-class UntrustedFileError(ValueError):
+class UntrustedFileError(OneLineError):
     """A file read as data is not what it may be (too large, too deep, not plain JSON/YAML, not a regular file)."""
 
 

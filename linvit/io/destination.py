@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from linvit.io.errors import OneLineError
+
 __all__ = [
     "RECORD_NAME",
     "TEMPORARY_SUFFIX",
@@ -56,7 +58,7 @@ TEMPORARY_SUFFIX = ".linvit-tmp"
 _RECORD_LIMIT = 4 * 1024 * 1024  # bytes: a record holds a line per file written; a larger one is not ours
 
 
-class DestinationError(ValueError):
+class DestinationError(OneLineError):
     """A file cannot be written where asked (exists and is not linvit's, a folder, unwritable, disk full)."""
 
 

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from linvit.io.errors import OneLineError
+
 __all__ = [
     "DEFAULT_MAX_ASPECT",
     "DEFAULT_MAX_PIXELS",
@@ -48,7 +50,7 @@ MAX_FLOAT_PIXEL = 65535.0  # the widest integer range (16 bits) a float image's 
 _CHUNK = 1 << 20
 
 
-class ImageInputError(ValueError):
+class ImageInputError(OneLineError):
     """An image file that is refused (not a regular file, too large, non-finite pixels) or cannot be decoded."""
 
 

@@ -27,14 +27,14 @@ import linvit.ops._backend as backend  # noqa: E402
 from linvit.bench.kernel_cost import SHARED_PER_PROGRAM, compile_launch, launch_signature  # noqa: E402
 from linvit.ops import linear_attention_qkv  # noqa: E402
 from linvit.ops.linear_attention import triton as fused  # noqa: E402
-from linvit.ops.linear_attention import triton_launch  # noqa: E402
+from linvit.ops.linear_attention import triton_geometry  # noqa: E402
 
 compiled: dict[tuple, int] = {}
 failures: list[str] = []
 pinned: list[tuple[int, int, int]] = []
 
 
-def compile_launches(launches: list[triton_launch.Launch]) -> None:
+def compile_launches(launches: list[triton_geometry.Launch]) -> None:
     for launch in launches:
         constants, args = dict(launch.constants), dict(launch.args)
         block, warps, stages = pinned[-1] if launch.tuned else (0, launch.num_warps, 1)
@@ -58,7 +58,7 @@ def compile_launches(launches: list[triton_launch.Launch]) -> None:
 
 
 backend.triton_available = lambda device: True
-triton_launch._device_multiprocessors = lambda device: 132
+triton_geometry.device_multiprocessors = lambda device: 132
 fused._run = compile_launches
 
 # the small cases of test_compiled_kernels_equal_naive, and its bf16 case off a word

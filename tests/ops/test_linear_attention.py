@@ -168,7 +168,7 @@ def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(nam
     two heads to a program) in the backward's transposed conv, starting from dL/dv: padded heads (3 → 4) and head dims
     (24 → 32), class tokens, masked keys, head groups (the second one ragged), windows, against the naive reference on
     the same rounded inputs in float32, value and every gradient."""
-    from linvit.ops.linear_attention.triton_launch import tap_products, transposed_tap_products
+    from linvit.ops.linear_attention.triton_taps import tap_products, transposed_tap_products
 
     assert tap_products(torch.bfloat16, 32)["TENSOR_TAPS"] and not tap_products(torch.float32, 32)["TENSOR_TAPS"]
     assert not tap_products(torch.bfloat16, 64)["TENSOR_TAPS"]  # multiply-adds issue less from head_dim 64 on
@@ -181,7 +181,7 @@ def test_triton_half_inputs_take_the_tensor_core_taps_in_value_and_gradients(nam
 
 def off_a_word(qkv: torch.Tensor) -> torch.Tensor:
     """The same 16-bit values one element into a storage of their own, a leaf that requires grad: rows no longer
-    start at whole 32-bit words, so the DWC reads them by values, not in pairs (`triton_launch.bf16_pairs`)."""
+    start at whole 32-bit words, so the DWC reads them by values, not in pairs (`triton_taps.bf16_pairs`)."""
     storage = torch.zeros(qkv.numel() + 1, dtype=qkv.dtype, device=qkv.device)
     shifted = storage[1:].view(qkv.shape)
     shifted.copy_(qkv.detach())
@@ -204,7 +204,7 @@ def _assert_bf16_triton_matches_naive(qkv_half, kwargs_half, seed):
 def test_bf16_pairs_only_where_the_values_lie_in_whole_words_on_a_whole_map():
     """The DWC's multiply-adds read bf16 values as 32-bit pairs of channels only for an even head_dim, rows and images
     at whole words, no window, and multiply-adds (not tensor-core taps)."""
-    from linvit.ops.linear_attention.triton_launch import MULTIPLY_ADD_TAPS, bf16_pairs, tap_products
+    from linvit.ops.linear_attention.triton_taps import MULTIPLY_ADD_TAPS, bf16_pairs, tap_products
 
     values = torch.zeros(2, 6, 3 * 128, dtype=torch.bfloat16)
     assert bf16_pairs(values, 64, MULTIPLY_ADD_TAPS, windowed=False) == {"BF16_PAIRS": True}
@@ -226,7 +226,7 @@ def test_bf16_pairs_of_fake_tensors_read_no_address():
     0): the pairs are decided from the storage offset and the strides alone."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from linvit.ops.linear_attention.triton_launch import MULTIPLY_ADD_TAPS, bf16_pairs
+    from linvit.ops.linear_attention.triton_taps import MULTIPLY_ADD_TAPS, bf16_pairs
 
     with FakeTensorMode(), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -254,7 +254,7 @@ def test_the_weight_gradient_shares_each_tile_of_v_between_taps_while_their_prod
     """The DWC weight's gradient: three taps a program while their (H_PAD, D_PAD, D_PAD) fp32 products fit the
     budget, fewer beyond (the interpreter cases run 3, 2 and 1, and the last program's spare taps: 25 = 8·3 + 1)."""
     pytest.importorskip("triton")
-    from linvit.ops.linear_attention.triton_launch import weight_taps_per_program
+    from linvit.ops.linear_attention.triton_geometry import weight_taps_per_program
 
     cases = {(4, 32): 3, (2, 16): 3, (1, 64): 3, (2, 64): 2, (8, 32): 2, (4, 64): 1, (1, 128): 1, (8, 64): 1}
     for (heads_pad, head_dim_pad), expected in cases.items():
@@ -266,12 +266,8 @@ def test_heads_share_a_program_while_their_states_fit():
     the largest power of two of heads that fits (the last one ragged); the forward hands the backward per-token norms
     only for the focused map in groups."""
     pytest.importorskip("triton")
-    from linvit.ops.linear_attention.triton_launch import (
-        KernelOptions,
-        head_groups,
-        heads_per_program,
-        token_norms_shape,
-    )
+    from linvit.ops.linear_attention.triton_geometry import KernelOptions, head_groups, heads_per_program
+    from linvit.ops.linear_attention.triton_launch import token_norms_shape
 
     cases = {(4, 32): (4, 1), (3, 32): (4, 1), (16, 16): (16, 1), (1, 64): (1, 1), (1, 128): (1, 1), (2, 64): (1, 2),
              (5, 64): (1, 5), (6, 24): (4, 2), (12, 32): (4, 3)}  # fmt: skip
@@ -294,12 +290,12 @@ def test_heads_share_a_program_while_their_states_fit():
 )
 def test_tiles_load_with_their_tokens_first_or_not_with_the_same_result(name, monkeypatch):
     """The forward kernels and dwc_weight_grad load and store their tiles through pointers with the tokens on the
-    first axis before Triton 3.7 and in place from 3.7 (`triton_launch.ROWS_FIRST`, so that each version's
+    first axis before Triton 3.7 and in place from 3.7 (`triton_taps.ROWS_FIRST`, so that each version's
     coalescing pass gives a thread one token): the layout this Triton does not take gives the same output and
     gradients (whole map with a mask, windows, class token with head groups)."""
-    from linvit.ops.linear_attention import triton_launch
+    from linvit.ops.linear_attention import triton_taps
 
-    monkeypatch.setattr(triton_launch, "ROWS_FIRST", not triton_launch.ROWS_FIRST)
+    monkeypatch.setattr(triton_taps, "ROWS_FIRST", not triton_taps.ROWS_FIRST)
     _assert_triton_equals_naive(name)
 
 
@@ -308,9 +304,9 @@ def test_tiles_load_with_their_tokens_first_or_not_with_the_same_result(name, mo
 def test_bf16_pairs_load_with_their_tokens_first_or_not_with_the_same_result(monkeypatch):
     """The DWC's bf16 pairs (head_dim 64) gathered through pointers with the tokens first and in place: the layout
     this Triton does not take gives the same output and gradients (see the test above)."""
-    from linvit.ops.linear_attention import triton_launch
+    from linvit.ops.linear_attention import triton_taps
 
-    monkeypatch.setattr(triton_launch, "ROWS_FIRST", not triton_launch.ROWS_FIRST)
+    monkeypatch.setattr(triton_taps, "ROWS_FIRST", not triton_taps.ROWS_FIRST)
     qkv, kwargs = _inputs(CASES["focused_head_dim_64"])
     _assert_bf16_triton_matches_naive(*_cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE), seed=3)
 

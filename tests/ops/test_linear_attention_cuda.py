@@ -28,7 +28,7 @@ def _pinned_config(label: str) -> tuple[int, int, int]:
     """A tile configuration for one test, rotated over TILE_CONFIGS by its name: every configuration is compiled and
     checked by some case, each case compiles once instead of once per configuration (autotuning every small case
     would take most of an hour of compiles)."""
-    from linvit.ops.linear_attention.triton_launch import TILE_CONFIGS
+    from linvit.ops.linear_attention.triton_geometry import TILE_CONFIGS
 
     return TILE_CONFIGS[zlib.crc32(label.encode()) % len(TILE_CONFIGS)]
 

@@ -25,7 +25,7 @@ class _Kernel:
 
 
 def _launch(kernel, name="output", tokens=4096, dtype=torch.bfloat16, tuned=True):
-    from linvit.ops.linear_attention.triton_launch import Launch
+    from linvit.ops.linear_attention.triton_geometry import Launch
 
     qkv = torch.zeros(2, tokens, 24, dtype=dtype)
     return Launch(name, kernel, (2, 3, 1), {"qkv_ptr": qkv, "N": tokens}, {"H": 2, "D": 4, "MAP": 0}, lambda _: (),
@@ -43,7 +43,7 @@ def precompile(monkeypatch):
 
 
 def test_every_tile_configuration_of_a_new_key_is_warmed_once(precompile):
-    from linvit.ops.linear_attention.triton_launch import TILE_CONFIGS
+    from linvit.ops.linear_attention.triton_geometry import TILE_CONFIGS
 
     tuned, untuned = _Kernel(), _Kernel()
     launches = [_launch(tuned), _launch(untuned, name="sum_grads", tuned=False)]

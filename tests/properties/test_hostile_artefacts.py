@@ -110,6 +110,8 @@ def test_damaged_checkpoint_bytes_are_never_used(real_artefacts, command, edits)
 @example(edits=[(0.0, "add", "model_args", {"pretrained_cfg_overlay": {"file": CANARY}})], weights_edits=None)
 @example(edits=[(0.0, "add", "model_args", {"allow_non_finite": True})], weights_edits=None)
 @example(edits=[], weights_edits=[("flip", 0.9, 1, b"x")])
+# found by hostile-hunt: a key holding a record separator (\x1e) split the one error line in two
+@example(edits=[(0.0, "replace", "_target_", {"0\x1e0": None})], weights_edits=None)
 def test_a_damaged_weights_folder_is_refused(real_artefacts, edits, weights_edits):
     sandbox = _sandbox(real_artefacts, "export", "images")
     folder = sandbox / "export"
@@ -209,6 +211,7 @@ class _RunsAShell:
 @example(edits=[(0.0, "add", "model_args", {"trusted": True, "in_chans": 3})], command="export")
 @example(edits=[(0.0, "add", "trusted", True)], command="predict")
 @example(edits=[(0.0, "add", "model_args", {"checkpoint_path": CANARY})], command="export")
+@example(edits=[(0.0, "replace", "_target_", {"0\x1e0": None})], command="predict")  # found by hostile-hunt
 def test_no_file_beside_the_weights_can_widen_trust(real_artefacts, edits, command):
     import torch
 

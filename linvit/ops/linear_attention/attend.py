@@ -128,7 +128,8 @@ def focused_linear_attention(
     if position_table is not None:
         assert position_table_size is not None
         table_grid = grid if core_window is None else core_window
-        key_position = resize_positional_table(position_table, position_table_size, table_grid)[0]  # (n, C)
+        # (n, C); squeeze, not [0]: its backward is a view, where an index's is a zero fill and a copy of the table
+        key_position = resize_positional_table(position_table, position_table_size, table_grid).squeeze(0)
     elif position_conv_weight is not None:
         keys = qkv[:, :, channels : 2 * channels]
         conv_grid, conv_mask = grid, key_mask

@@ -6,9 +6,9 @@ focused map's per-token norms (else an empty tensor); the backward op
 (``torch.ops.linvit.linear_attention_qkv_backward``) recomputes the feature maps from q|k|v and returns dL/dqkv and
 the small gradients (inverse temperature, DWC weight and bias) as one fp32 vector. They are Triton ops
 (``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
-The launches (grids, chunking, autotune space) are planned in `triton_launch.py`, a new shape's tile configurations
-compiled in parallel before autotuning by `triton_precompile.py`; the kernels are described in `triton_forward.py`
-and `triton_backward.py`.
+The launches are planned in `triton_launch.py` (grids, chunking and the autotune space in `triton_geometry.py`, the
+DWC's taps in `triton_taps.py`), a new shape's tile configurations compiled in parallel before autotuning by
+`triton_precompile.py`; the kernels are described in `triton_forward.py` and `triton_backward.py`.
 
 Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (the halo from cache,
 4C B), and writes the output (2C B); backward reads q and dL/dout (4C B), k|v and dL/dout with its DWC taps (6C B),
@@ -23,9 +23,9 @@ import triton
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_launch, triton_precompile
+from linvit.ops.linear_attention import triton_geometry, triton_launch, triton_precompile
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
-from linvit.ops.linear_attention.triton_launch import KernelOptions
+from linvit.ops.linear_attention.triton_geometry import KernelOptions
 from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
 from linvit.ops.windows import window_keys
 
@@ -78,11 +78,11 @@ def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor,
     S (B, chunks, h, d, d), z (B, chunks, h, d) and kept-key counts (B, chunks), and the per-token norms."""
     channels = qkv.shape[2] // 3
     options = KernelOptions(*args[5:-1])
-    walked = triton_launch.geometry(qkv.shape[0], qkv.shape[1], options)
+    walked = triton_geometry.geometry(qkv.shape[0], qkv.shape[1], options)
     batch, num_heads = walked.batch, options.num_heads
     head_dim = channels // num_heads
-    groups = triton_launch.head_groups(num_heads, head_dim)
-    _, chunks = triton_launch.num_chunks(batch, walked.tokens, qkv.device, groups=groups)
+    groups = triton_geometry.head_groups(num_heads, head_dim)
+    _, chunks = triton_geometry.num_chunks(batch, walked.tokens, qkv.device, groups=groups)
     floats = {"dtype": torch.float32}
     return (
         qkv.new_empty(qkv.shape[0], qkv.shape[1], channels),
@@ -109,11 +109,11 @@ _pinned: list[tuple[int, int, int]] = []  # the innermost pinned_tiles configura
 @contextlib.contextmanager
 def pinned_tiles(config: tuple[int, int, int]):
     """Launch the tiled kernels with one (tokens per tile, warps, pipeline stages) configuration instead of
-    autotuning over ``triton_launch.TILE_CONFIGS``: one compile per kernel and shape instead of one per configuration
+    autotuning over ``triton_geometry.TILE_CONFIGS``: one compile per kernel and shape instead of one per configuration
     (the GPU test tier, which checks many small shapes). Any configuration gives the same result up to the order of
     fp32 sums: chunks are whole numbers of the largest tile."""
-    if tuple(config) not in triton_launch.TILE_CONFIGS:
-        raise ValueError(f"pinned_tiles: {config} is not one of TILE_CONFIGS {triton_launch.TILE_CONFIGS}")
+    if tuple(config) not in triton_geometry.TILE_CONFIGS:
+        raise ValueError(f"pinned_tiles: {config} is not one of TILE_CONFIGS {triton_geometry.TILE_CONFIGS}")
     _pinned.append(tuple(config))
     try:
         yield
@@ -121,20 +121,20 @@ def pinned_tiles(config: tuple[int, int, int]):
         _pinned.pop()
 
 
-def _tuned(launch: triton_launch.Launch):
+def _tuned(launch: triton_geometry.Launch):
     """The launch's kernel wrapped in `triton.autotune` over TILE_CONFIGS, keyed on the shape's compile-time sizes,
     the tensors' dtypes and a bucket of N (one wrapper per kernel, made on first use)."""
     if launch.name not in _tuned_kernels:
         configs = [
             triton.Config({"BLOCK_N": block}, num_warps=warps, num_stages=stages)
-            for block, warps, stages in triton_launch.TILE_CONFIGS
+            for block, warps, stages in triton_geometry.TILE_CONFIGS
         ]
-        key = ["N_BUCKET", *triton_launch.AUTOTUNE_SIZES]
+        key = ["N_BUCKET", *triton_geometry.AUTOTUNE_SIZES]
         _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=key)(launch.kernel)
     return _tuned_kernels[launch.name]
 
 
-def _run(launches: list[triton_launch.Launch]) -> None:
+def _run(launches: list[triton_geometry.Launch]) -> None:
     if not _pinned and not interpreting():
         triton_precompile.precompile(launches)
     for launch in launches:
@@ -146,11 +146,11 @@ def _run(launches: list[triton_launch.Launch]) -> None:
                 **launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block, num_warps=warps, num_stages=stages
             )
         elif interpreting():
-            block = triton_launch.chunk_granularity()
+            block = triton_geometry.chunk_granularity()
             launch.kernel[launch.grid](**launch.args, **launch.constants, N_BUCKET=0, BLOCK_N=block)
         else:
             _launch(_tuned(launch))[launch.grid](
-                **launch.args, **launch.constants, N_BUCKET=triton_launch.n_bucket(launch)
+                **launch.args, **launch.constants, N_BUCKET=triton_geometry.n_bucket(launch)
             )
 
 
@@ -208,12 +208,16 @@ def _setup_context(ctx, inputs, output) -> None:
     *options, ctx.prescaled = inputs[6:]
     ctx.options = KernelOptions(*options)
     ctx.mark_non_differentiable(*partials)
+    # the partials never get a gradient: without this autograd would launch a zero fill for each of them
+    ctx.set_materialize_grads(False)
 
 
 def _backward_from_autograd(ctx, grad_out: Tensor, *_):
     qkv, partial_s, partial_z, partial_count, token_norms, inverse_temperature, key_position, dwc_weight, key_mask = (
         ctx.saved_tensors
     )
+    if grad_out is None:  # only the partials were used, which carry no gradient
+        return (None,) * (6 + len(KernelOptions._fields) + 1)
     if ctx.prescaled:
         raise RuntimeError(
             "linear_attention_qkv(prescaled=True) is an inference path (the temperature folded into the projection): "

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from torch import Tensor
 from torch._guards import detect_fake_mode
 
-from linvit.ops.linear_attention import triton_launch
+from linvit.ops.linear_attention import triton_geometry
 
 try:  # Triton >= 3.4
     from triton.runtime._async_compile import AsyncCompileMode
@@ -29,14 +29,14 @@ __all__ = ["precompile"]
 _warmed: set[tuple] = set()  # the autotune keys (kernel, N bucket, sizes, dtypes) already compiled
 
 
-def autotune_key(launch: triton_launch.Launch) -> tuple:
+def autotune_key(launch: triton_geometry.Launch) -> tuple:
     """What `triton.autotune` keys a launch on (its N bucket and sizes, the dtypes of its tensors), and the kernel."""
-    sizes = tuple(launch.constants.get(name) for name in triton_launch.AUTOTUNE_SIZES)
+    sizes = tuple(launch.constants.get(name) for name in triton_geometry.AUTOTUNE_SIZES)
     dtypes = tuple(str(value.dtype) for value in launch.args.values() if isinstance(value, Tensor))
-    return launch.name, triton_launch.n_bucket(launch), sizes, dtypes
+    return launch.name, triton_geometry.n_bucket(launch), sizes, dtypes
 
 
-def precompile(launches: list[triton_launch.Launch]) -> None:
+def precompile(launches: list[triton_geometry.Launch]) -> None:
     """Warm every configuration of the tuned ``launches`` whose autotune key is new, all on one thread pool."""
     tensors = tuple(value for launch in launches for value in launch.args.values() if isinstance(value, Tensor))
     if AsyncCompileMode is None or detect_fake_mode(tensors) is not None:  # torch.compile traces: inductor compiles
@@ -46,7 +46,7 @@ def precompile(launches: list[triton_launch.Launch]) -> None:
         key = autotune_key(launch) if launch.tuned else None
         if key is not None and key not in _warmed:
             _warmed.add(key)
-            jobs += [(launch, config) for config in triton_launch.TILE_CONFIGS]
+            jobs += [(launch, config) for config in triton_geometry.TILE_CONFIGS]
     if not jobs:
         return
     try:
@@ -57,7 +57,7 @@ def precompile(launches: list[triton_launch.Launch]) -> None:
         ):
             for launch, (block, warps, stages) in jobs:
                 launch.kernel.warmup(
-                    **launch.args, **launch.constants, N_BUCKET=triton_launch.n_bucket(launch), BLOCK_N=block,
+                    **launch.args, **launch.constants, N_BUCKET=triton_geometry.n_bucket(launch), BLOCK_N=block,
                     num_warps=warps, num_stages=stages, grid=launch.grid,
                 )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - only a speed-up: autotuning compiles what this did not

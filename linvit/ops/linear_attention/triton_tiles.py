@@ -20,7 +20,7 @@ the norms over all C channels of a token, evaluated scale-free: with m = max_c a
 (and 0/0) for tiny a, where a^(2p) leaves float32's range. Rows are tokens; the first ``prefix`` tokens (class
 tokens) have no position: no positional term, no DWC.
 
-``ROWS_FIRST`` (Triton before 3.7, `triton_launch.ROWS_FIRST`): the kernels that gain by it load and store their tiles
+``ROWS_FIRST`` (Triton before 3.7, `triton_taps.ROWS_FIRST`): the kernels that gain by it load and store their tiles
 through pointers laid out with the tokens on the first axis (:func:`load_rows`), so that each thread holds one token
 of a tile under either version's coalescing pass.
 """

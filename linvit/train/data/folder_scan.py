@@ -20,8 +20,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from linvit.io.errors import OneLineError
 
-class FolderLayoutError(ValueError):
+
+class FolderLayoutError(OneLineError):
     """The folder tree cannot be read as one label per class folder (a symlink loop, a class reached twice), or holds
     fewer than the two classes a classifier needs."""
 
