@@ -147,8 +147,9 @@ def expand_images(arguments: list[str], max_images: int = 100_000, option: str =
     inputs = collector.inputs
     if not inputs.paths:
         given = ", ".join(f"'{argument}'" for argument in arguments[:_NAMED])
+        why = f" ({'; '.join(inputs.warnings[:_NAMED])})" if inputs.warnings else ""
         raise ValueError(
-            f"no images in {given}{' ...' if len(arguments) > _NAMED else ''}: give image files, folders holding "
+            f"no images in {given}{' ...' if len(arguments) > _NAMED else ''}{why}: give image files, folders holding "
             "images, or quoted globs such as 'imgs/*.png'"
         )
     inputs.single_file = len(arguments) == 1 and literal_files == 1
