@@ -91,6 +91,12 @@ SHELL_PLANS: dict[str, Plan] = {
     "linvit eval outputs/digits_linvit_nano/<run> --checkpoint last --split val --json": Plan(
         default="whole", slow="whole"
     ),
+    # Predict
+    "linvit predict photo.jpg --checkpoint outputs/digits_linvit_nano/<run>": Plan(default="whole", slow="whole"),
+    "linvit predict /data/my_images --checkpoint outputs/digits_linvit_nano/<run> --format csv --output "
+    "predictions.csv": Plan(default="whole", slow="whole"),
+    "linvit predict '/data/my_images/val/*/*.png' --model linvit_nano --checkpoint weights.safetensors --topk 1 "
+    "--json": Plan(default="whole", slow="whole"),
     # Deploy
     'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx': Plan(
         slow="whole", why_not="~30 s; tests/commands/test_export.py and tests/test_deploy.py export in the default tier"
@@ -319,10 +325,12 @@ def _check(command: str, mode: str, code: int, out: str, err: str, workdir: Path
         assert "img_size: 24" in (run_dir / "config.yaml").read_text()
     if command == "linvit convert flatten_swin_t.pth flatten_swin_t/":
         _check_the_converted_folder(workdir, out)
-    if command.endswith("--json"):
+    if command.startswith("linvit eval") and command.endswith("--json"):
         import json
 
         assert json.loads(out)["checkpoint"].endswith("last.ckpt")  # stdout is the JSON alone
+    if command.startswith("linvit predict"):
+        _check_the_predictions(command, out, workdir)
     if command == "pip install -e . && python train.py" and mode == "whole":
         _check_the_printed_result(out + err)
     if command == "python train.py experiment=seg_synthetic_linvit_nano" and mode == "whole":
@@ -348,6 +356,25 @@ def _check_the_converted_folder(workdir: Path, out: str) -> None:
         os.chdir(previous)
     saved = torch.load(workdir / "flatten_swin_t.pth", weights_only=True)["model"]
     torch.testing.assert_close(model.head.weight, saved["head.weight"], rtol=0, atol=0)
+
+
+def _check_the_predictions(command: str, out: str, workdir: Path) -> None:
+    """One image: its top-5 with the run's class names; a folder: a CSV row per image; a glob: JSON alone on stdout."""
+    import csv
+    import json
+
+    if "--format csv" in command:
+        rows = list(csv.DictReader((workdir / "predictions.csv").read_text().splitlines()))
+        images = [p for p in (workdir / "my_images").rglob("*") if p.is_file()]
+        assert len(rows) == len(images) > 0 and all(row["label_1"] == row["class_1"] for row in rows), rows[:2]
+    elif "--json" in command:
+        records = json.loads(out)
+        pngs = sorted((workdir / "my_images" / "val").glob("*/*.png"))
+        assert [r["path"] for r in records] == [str(p) for p in pngs] and len(records[0]["top"]) == 1, records[:2]
+        assert all(isinstance(r["top"][0]["label"], str) for r in records)  # ImageNet's, for 1000 classes
+    else:  # the digits' class names are their digits: "class 3  3"
+        lines = out.splitlines()
+        assert len(lines) == 5 and all(line.split()[-1] == line.split()[-2] for line in lines), out
 
 
 def _run_directory_files() -> list[str]:
