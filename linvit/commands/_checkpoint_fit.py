@@ -17,6 +17,32 @@ def family_filter(model: Any):
     return getattr(module, "checkpoint_filter_fn", None)
 
 
+class MissingOption(ValueError):
+    """The weights fit model ``model`` only with an option their shapes do not settle: a non-square training size
+    (a flattened table does not tell height from width, nor one factorisation of its positions from another).
+    ``sizes`` are the (H, W) at which every table fits as it is (H < W; each transposed fits too), or empty when
+    none was found. The message says to pass ``--img-size H W`` (`advice`)."""
+
+    def __init__(self, model: str, positions: int, sizes: list[tuple[int, int]]):
+        self.model, self.positions, self.sizes = model, positions, list(sizes)
+        super().__init__(self.advice())
+
+    def advice(self, model_option: bool = False) -> str:
+        """The message; with ``model_option``, the options to pass include ``--model``."""
+        model = f"--model {self.model} " if model_option else ""
+        reason = f"a table of {self.positions} positions is no square grid"
+        if not self.sizes:
+            return (
+                f"the weights fit {self.model} trained at a non-square size ({reason}, and no size up to "
+                f"{_MAX_ASPECT}:1 fits every table): pass {model}--img-size H W with the size it was trained at"
+            )
+        fits = " or ".join(f"{height} {width}" for height, width in self.sizes)
+        return (
+            f"the weights fit {self.model} trained at a non-square size ({reason}): pass {model}--img-size H W "
+            f"with that size; every table fits --img-size {fits} (or H and W swapped: the tables do not tell)"
+        )
+
+
 class Misfit(ValueError):
     """The weights do not fit a model; ``differences`` counts the keys that differ (to name the nearest model)."""
 
@@ -54,14 +80,14 @@ def _class_and_channel_args(model: Any, filtered: dict[str, Any]) -> dict[str, i
 
 
 # positional tables whose token count follows the input size (not ``scale``: (1, 1, C) too)
-_TABLE_NAMES = ("positional_encoding", "pos_embed", "absolute_pos_embed", "relative_position_bias_table")
-_SIZED_TABLE_NAMES = ("positional_encoding", "pos_embed", "absolute_pos_embed")
+TABLE_NAMES = ("positional_encoding", "pos_embed", "absolute_pos_embed", "relative_position_bias_table")
+_SIZEDTABLE_NAMES = ("positional_encoding", "pos_embed", "absolute_pos_embed")
 # the smallest and largest square sizes tried for a checkpoint's training size
 _SIZE_RANGE = (16, 8192)
 _MAX_SIZE_CANDIDATES = 8
 
 
-def _is_table(key: str, names: tuple[str, ...] = _TABLE_NAMES) -> bool:
+def is_table(key: str, names: tuple[str, ...] = TABLE_NAMES) -> bool:
     """Whether ``key`` names a table, in linvit's or the authors' layout (their PVT's ``pos_embed1`` ...)."""
     return re.sub(r"\d+$", "", key.rsplit(".", 1)[-1]) in names
 
@@ -72,7 +98,7 @@ def _resized_tables(state_dict: dict[str, Any], filtered: dict[str, Any]) -> int
     Only tables count: a filter that fuses ``q``/``kv`` into ``qkv`` or splits a LePE convolution changes shapes
     without resizing anything."""
     source = {tuple(v.shape) for v in state_dict.values() if hasattr(v, "shape")}
-    return sum(1 for k, v in filtered.items() if _is_table(k) and tuple(v.shape) not in source)
+    return sum(1 for k, v in filtered.items() if is_table(k) and tuple(v.shape) not in source)
 
 
 def _fit(
@@ -148,6 +174,35 @@ def reduction_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+_DWC_KEY = re.compile(r"(?:^|\.)dwc\.weight$")
+
+
+def _dwc_kernels(state_dict: dict[str, Any]) -> set[int]:
+    """The kernel sizes of the depthwise-convolution enhancements (``...dwc.weight``, (d, 1, k, k)) in the weights."""
+    return {
+        int(value.shape[-1])
+        for key, value in state_dict.items()
+        if _DWC_KEY.search(key) and getattr(value, "ndim", 0) == 4 and value.shape[-1] == value.shape[-2]
+    }
+
+
+def _takes_argument(model: Any, argument: str) -> bool:
+    """Whether ``model``'s class (or a base it passes ``**kwargs`` to) takes the creation argument ``argument``."""
+    import inspect
+
+    return any(argument in inspect.signature(cls.__init__).parameters for cls in type(model).__mro__)
+
+
+def dwc_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``dwc_kernel_size`` read from the shape of the weights' DWC convolutions (e.g. 3 for (d, 1, 3, 3)) where it
+    differs from ``model``'s; {} when they agree, hold no DWC or several sizes, or the model takes no such option
+    (a LinViT names its kernel per stage in ``attn_layers``)."""
+    theirs, ours = _dwc_kernels(state_dict), _dwc_kernels(model.state_dict())
+    if len(theirs) != 1 or len(ours) != 1 or theirs == ours or not _takes_argument(model, "dwc_kernel_size"):
+        return {}
+    return {"dwc_kernel_size": next(iter(theirs))}
+
+
 def _stripe_options(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
     """CSwin: the ``la_split_size`` that gives ``model``'s linear stages the checkpoint's stripe branches at the
     model's ``img_size``, or {} (other families; no stage with two linear branches; no whole stripe width fits).
@@ -213,11 +268,11 @@ def _table_tokens(state: dict[str, Any]) -> set[int]:
     return {
         int(v.shape[1])
         for k, v in state.items()
-        if _is_table(k, _SIZED_TABLE_NAMES) and getattr(v, "ndim", 0) == 3 and v.shape[0] == 1
+        if is_table(k, _SIZEDTABLE_NAMES) and getattr(v, "ndim", 0) == 3 and v.shape[0] == 1
     }
 
 
-_ADVICE_ROUNDS = 4  # a filter's advice names every option it sees differ; a few rounds settle what follows from them
+ADVICE_ROUNDS = 4  # a filter's advice names every option it sees differ; a few rounds settle what follows from them
 
 
 def infer_creation(
@@ -242,13 +297,14 @@ def infer_creation(
 
     given = dict(creation or {})
     default = timm.create_model(name, pretrained=False, device="meta", **given)
-    options = {key: value for key, value in reduction_options(default, state_dict).items() if key not in given}
+    shaped = {**reduction_options(default, state_dict), **dwc_options(default, state_dict)}
+    options = {key: value for key, value in shaped.items() if key not in given}
     base = {**given, **options}
     if options:
         default = timm.create_model(name, pretrained=False, device="meta", **base)
 
     def attempt(args: dict[str, Any], model: Any) -> tuple[dict[str, Any], int, dict[str, Any], list[str]]:
-        for _ in range(_ADVICE_ROUNDS):
+        for _ in range(ADVICE_ROUNDS):
             stripes = {} if "la_split_size" in given else _stripe_options(model, state_dict)
             args = {**args, **stripes}
             try:
@@ -262,7 +318,7 @@ def infer_creation(
                 continue
             inferred = [key for key in args if key not in given] + list(extra)
             return filtered, resized, {**args, **extra}, inferred
-        raise ValueError(f"the weights' options for {name} could not be settled in {_ADVICE_ROUNDS} rounds: {args}")
+        raise ValueError(f"the weights' options for {name} could not be settled in {ADVICE_ROUNDS} rounds: {args}")
 
     fallback, failure = None, None
     try:
@@ -286,5 +342,80 @@ def infer_creation(
         if result[1] == 0:
             return result
     if fallback is None:
+
+        def sized(img_size: list[int]) -> tuple[dict[str, Any], int, dict[str, Any], list[str]]:
+            args = {**base, "img_size": img_size}
+            return attempt(args, timm.create_model(name, pretrained=False, device="meta", **args))
+
+        _refuse_non_square(name, state_dict, default, size, sized)
         raise failure  # type: ignore[misc]
     return fallback
+
+
+_MAX_ASPECT = 4  # the longest side over the shortest of the non-square training sizes tried
+
+
+def _non_square_candidates(default: int, source_tokens: set[int], model_tokens: set[int]) -> list[tuple[int, int]]:
+    """(H, W) input sizes, H < W, at which the model's square tables (``model_tokens`` positions at the square
+    ``default``) have the checkpoint's non-square ones (``source_tokens``, with or without a class token): each
+    factorisation of a table's positions into rows x columns, scaled as the model's grid; those most table pairs
+    agree on first, then the squarer, then the smaller."""
+    import math
+    from collections import Counter
+
+    votes: Counter[tuple[int, int]] = Counter()
+    for theirs in source_tokens:
+        for ours in model_tokens:
+            for positions, square in ((theirs, ours), (theirs - 1, ours - 1)):
+                side = math.isqrt(square) if square > 0 else 0
+                if positions <= 0 or side * side != square or math.isqrt(positions) ** 2 == positions:
+                    continue
+                for rows in range(1, math.isqrt(positions) + 1):
+                    columns, remainder = divmod(positions, rows)
+                    scalable = (default * rows) % side == 0 and (default * columns) % side == 0
+                    if remainder or columns > _MAX_ASPECT * rows or not scalable:
+                        continue
+                    height, width = default * rows // side, default * columns // side
+                    if _SIZE_RANGE[0] <= height and width <= _SIZE_RANGE[1]:
+                        votes[(height, width)] += 1
+    return sorted(votes, key=lambda hw: (-votes[hw], hw[1] / hw[0], hw))[:_MAX_SIZE_CANDIDATES]
+
+
+def _refuse_non_square(name: str, state_dict: dict[str, Any], default: Any, size: int, attempt) -> None:
+    """MissingOption when the weights' tables are no square grids (the checkpoint was trained at a non-square size,
+    which ``--img-size H W`` names), with a size that fits every table as it is where one is found; nothing when
+    every table is square."""
+    tokens = _table_tokens(state_dict)
+    odd = sorted(t for t in tokens if not (_is_square(t) or _is_square(t - 1)))
+    if not odd or not _fits_apart_from_tables(state_dict, default):
+        return
+    sizes = []
+    for height, width in _non_square_candidates(size, tokens, _table_tokens(default.state_dict())):
+        try:
+            result = attempt([height, width])
+        except ValueError:  # Misfit too: this size does not fit
+            continue
+        if result[1] == 0:
+            sizes.append((height, width))
+    raise MissingOption(name, odd[0], sizes)
+
+
+def _fits_apart_from_tables(state_dict: dict[str, Any], model: Any) -> bool:
+    """Whether the weights without their positional tables map onto ``model`` exactly, tables aside: a cheap test
+    before sizes are searched (another architecture fits at no size)."""
+    from linvit.io import state_dict_mismatch
+
+    filter_fn = family_filter(model)
+    weights = {key: value for key, value in state_dict.items() if not is_table(key)}
+    try:
+        mapped = filter_fn(weights, model) if filter_fn is not None else weights
+    except ValueError:
+        return False
+    target = {key: value for key, value in model.state_dict().items() if not is_table(key)}
+    return not any(state_dict_mismatch({k: v for k, v in mapped.items() if not is_table(k)}, target))
+
+
+def _is_square(number: int) -> bool:
+    import math
+
+    return number > 0 and math.isqrt(number) ** 2 == number

@@ -39,7 +39,13 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from linvit.commands._checkpoint_fit import Misfit, family_filter, infer_creation, reduction_options
+from linvit.commands._checkpoint_fit import (
+    Misfit,
+    MissingOption,
+    family_filter,
+    infer_creation,
+    reduction_options,
+)
 from linvit.io.destination import DestinationError, check_destination, check_not_input, prepare_folder, write_file
 
 HELP = "Convert a foreign checkpoint (e.g. the FLatten authors' .pth) into linvit safetensors weights."
@@ -181,20 +187,10 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], Conversion]
     names = sorted({n for pattern in _MODEL_PATTERNS for n in timm.list_models(pattern)})
     fits: list[tuple[dict[str, Any], Conversion]] = []
     nearest: Misfit | None = None
+    missing: list[MissingOption] = []
     for members in _families(names).values():
         representative = timm.create_model(members[0], pretrained=False, device="meta")
-        filter_fn = family_filter(representative)
-        try:
-            mapped = filter_fn(dict(state_dict), representative) if filter_fn is not None else state_dict
-        except Exception:  # a filter of another family may fail on foreign keys, or on another stage structure
-            mapped = None
-        options = reduction_options(representative, state_dict)
-        if mapped is None and options and filter_fn is not None:  # built with the weights' reductions
-            try:
-                reduced = timm.create_model(members[0], pretrained=False, device="meta", **options)
-                mapped = filter_fn(dict(state_dict), reduced)
-            except Exception:
-                mapped = None
+        mapped = _family_mapping(members[0], representative, state_dict)
         if mapped is not None:
             ours, theirs = _key_structure(representative.state_dict()), _key_structure(mapped)
             if len(ours & theirs) < 0.5 * len(ours | theirs):
@@ -208,9 +204,14 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], Conversion]
                 if nearest is None or misfit.differences < nearest.differences:
                     nearest = misfit
                 continue
+            except MissingOption as error:
+                missing.append(error)
+                continue
             except Exception:
                 continue
             fits.append((filtered, Conversion(name, model_args, inferred, resized)))
+    if not fits and missing:
+        raise ValueError(_missing_option_advice(missing))
     if not fits:
         closest = f" The nearest: {nearest}." if nearest is not None else ""
         raise ValueError(
@@ -230,6 +231,49 @@ def _infer(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any], Conversion]
     return fits[0][1].model, fits[0][0], fits[0][1]
 
 
+def _family_mapping(name: str, representative: Any, state_dict: dict[str, Any]) -> dict[str, Any] | None:
+    """``state_dict`` mapped by the family filter of ``representative`` (model ``name`` on the meta device) for
+    comparing key names, or None when the filter refuses it.
+
+    The model is built as the weights ask: with the reductions their shapes fix, and with the options a filter's
+    refusal names (`CreationOptionsError`: e.g. PVT's softmax stages, ``attn_layers='LLSS'``). A filter that still
+    refuses is given the weights without their positional tables (which it resizes, and cannot when they were
+    trained at a non-square size), as only the key names matter here."""
+    import timm
+
+    from linvit.commands._checkpoint_fit import ADVICE_ROUNDS, TABLE_NAMES, is_table
+    from linvit.models._family import CreationOptionsError
+
+    filter_fn = family_filter(representative)
+    if filter_fn is None:
+        return state_dict
+    without_tables = {key: value for key, value in state_dict.items() if not is_table(key, TABLE_NAMES)}
+    for weights in (state_dict, without_tables):
+        args, model = reduction_options(representative, state_dict), representative
+        for _ in range(ADVICE_ROUNDS):
+            try:
+                if args:
+                    model = timm.create_model(name, pretrained=False, device="meta", **args)
+                return filter_fn(dict(weights), model)
+            except CreationOptionsError as error:  # built with other options: follow the advice
+                if all(args.get(key) == value for key, value in error.options.items()):
+                    break
+                args = {**args, **error.options}
+            except Exception:  # a filter of another family may fail on foreign keys, or on another stage structure
+                break
+    return None
+
+
+def _missing_option_advice(missing: list[MissingOption]) -> str:
+    """What to pass when the only models the weights fit need an option their shapes do not settle (a non-square
+    training size): the model and the option, with the values that fit where some were found."""
+    found = [error for error in missing if error.sizes] or missing
+    if len(found) == 1:
+        return found[0].advice(model_option=True)
+    listed = "; ".join(error.advice(model_option=True) for error in found[:3])
+    return f"the weights fit {len(found)} models only with an option: {listed}"
+
+
 def _same_family_keys(representative: Any, state_dict: dict[str, Any]) -> bool:
     """Whether the family of ``representative`` (whose filter refused ``state_dict``: another stage structure than
     the representative's, e.g. stripe branches) is worth searching: the filter's error names such a structure when
@@ -244,7 +288,10 @@ def _what_they_fit(state_dict: dict[str, Any]) -> str:
     try:
         name, _, conversion = _infer(state_dict)
     except ValueError:
-        return "No other registered linvit model fits them either."
+        return (
+            "No other registered linvit model fits them either; if they are of this family with another architecture, "
+            """pass its creation arguments with --model-kwargs (e.g. '{"depths": [2, 2, 2, 2]}')."""
+        )
     created = f" created with {_kwargs_text(conversion.model_args)}" if conversion.model_args else ""
     return f"They fit {name}{created}: pass --model {name}, or leave --model out to infer it."
 

@@ -142,3 +142,41 @@ def test_the_datamodule_logs_counts_and_with_check_the_report(clean_root, caplog
     assert any("images per class and split" in r.getMessage() for r in caplog.records)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("1 image(s) in more than one split" in m for m in warnings), warnings
+
+
+def _imbalanced(root: Path, counts: dict[str, int]) -> None:
+    for offset, (name, count) in enumerate(counts.items()):
+        for index in range(count):
+            _write(root / name / f"{index}.png", (4, 4), "RGB", 1000 * offset + index)  # distinct images
+
+
+@pytest.mark.parametrize("counts, flagged", [({"cat": 20, "dog": 1}, True), ({"cat": 10, "dog": 1}, False)])
+def test_classes_out_of_balance_are_a_problem(tmp_path, capsys, counts, flagged):
+    """A 20:1 split is flagged past the default 10:1, with the ratio, the classes and what it means for training;
+    10:1 is not. --max-imbalance moves the line."""
+    _imbalanced(tmp_path / "pets", counts)
+    status, output = _check(tmp_path / "pets", capsys)
+    assert status == int(flagged), output
+    problems = output.rstrip().splitlines()[-1]
+    assert ("all: classes out of balance 20:1 (cat over dog)" in problems) == flagged, problems
+    assert ("all: 20:1, cat 20 images, dog 1" in output) == flagged, output
+    assert ("learns to favour it" in output and "sample the classes evenly" in output) == flagged
+    assert main(["check-data", str(tmp_path / "pets"), "--max-imbalance", "5"]) == 1
+    assert "classes out of balance 10:1" in capsys.readouterr().out or flagged
+    assert main(["check-data", str(tmp_path / "pets"), "--max-imbalance", "25"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("no problems found")
+
+
+def test_max_imbalance_below_one_is_refused(clean_root, capsys):
+    for value in ("0.5", "nan"):
+        assert main(["check-data", str(clean_root), "--max-imbalance", value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--max-imbalance must be at least 1" in err, err
+
+
+def test_a_one_class_folder_is_a_problem(tmp_path, capsys):
+    _imbalanced(tmp_path / "cats", {"cat": 3})
+    status, output = _check(tmp_path / "cats", capsys)
+    assert status == 1, output
+    assert "all: one class folder (cat), training needs two or more" in output.rstrip().splitlines()[-1]
+    assert "no problems found" not in output

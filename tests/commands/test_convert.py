@@ -505,3 +505,107 @@ def test_convert_folder_refusals_and_force(tmp_path, capsys):
     )
     assert exported.num_classes == 10 and source.endswith("model.safetensors)"), source
     torch.testing.assert_close(exported.head.fc.weight, state["head.fc.weight"], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# what the weights' keys and shapes settle without options, and the option a refusal names
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_family_of_softmax_stages_is_recognised():
+    """The authors' PVT-T with attn_type 'LLSS': the family filter refuses the default model (its stages 3-4 are
+    linear); model inference follows the refusal's advice (attn_layers) instead of dropping the family."""
+    from _authors_pvt import AuthorsPvt
+
+    from linvit.commands.convert import _family_mapping
+
+    state = AuthorsPvt(224, **PVT_T, attn_type="LLSS").state_dict()
+    representative = timm.create_model("flatten_pvt_tiny", device="meta")
+    mapped = _family_mapping("flatten_pvt_tiny", representative, state)
+    assert mapped is not None and "stages.3.blocks.1.attn.qkv.weight" in mapped
+    assert "stages.3.blocks.1.attn.scale" not in mapped  # softmax blocks have no focused scale
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["flatten_pvt_tiny", "flatten_pvt_v2_b0"])
+def test_pvt_softmax_stages_convert_without_model(tmp_path, yacs_module, capsys, name):
+    """The authors' PVT-T and PVTv2-B0 with attn_type 'LLSS' convert without --model: the model and attn_layers
+    come from the weights, and the converted file gives the authors' outputs."""
+    from _authors_pvt import AuthorsPvt, AuthorsPvtV2
+
+    if name == "flatten_pvt_tiny":
+        reference = AuthorsPvt(224, **PVT_T, attn_type="LLSS")
+    else:
+        reference = AuthorsPvtV2(224, **B0, attn_type="LLSS")
+    found, model_args, out = _round_trip(tmp_path, capsys, _seeded(reference), 224)
+    assert found == name and model_args == {"attn_layers": "LLSS"}, (found, model_args)
+    assert "inferred from the weights' shapes: attn_layers='LLSS'" in out
+
+
+@pytest.mark.parametrize("with_model", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_swin_dwc_kernel_is_inferred(tmp_path, yacs_module, capsys, with_model):
+    """A FLatten-Swin with a 3x3 DWC (the authors' layout): dwc_kernel_size=3 is read from the dwc weights' shape,
+    with --model or without, and the converted weights load exactly with the printed arguments."""
+    name = "flatten_swin_tiny_patch4_224"
+    state = _random_state(name, dwc_kernel_size=3)
+    src, dst = tmp_path / "swin_dwc3.pth", tmp_path / "swin_dwc3.safetensors"
+    _authors_file(src, _to_authors_swin_layout(state))
+    assert main(["convert", str(src), str(dst), *(["--model", name] if with_model else [])]) == 0
+    out = capsys.readouterr().out
+    assert "inferred from the weights' shapes: dwc_kernel_size=3" in out, out
+    assert f"timm.create_model('{name}', pretrained=True, dwc_kernel_size=3, pretrained_cfg_overlay" in out, out
+    model = timm.create_model(name, pretrained=True, dwc_kernel_size=3, pretrained_cfg_overlay={"file": str(dst)})
+    assert model.layers[0].blocks[0].attn.dwc.weight.shape[-2:] == (3, 3)
+    for key, value in model.state_dict().items():
+        if key in state:
+            torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+
+
+def test_dwc_options_read_only_a_kernel_that_differs():
+    from linvit.commands._checkpoint_fit import dwc_options
+
+    swin = timm.create_model("flatten_swin_tiny_patch4_224", device="meta")
+    assert dwc_options(swin, swin.state_dict()) == {}
+    three = timm.create_model("flatten_swin_tiny_patch4_224", device="meta", dwc_kernel_size=3)
+    assert dwc_options(swin, three.state_dict()) == {"dwc_kernel_size": 3}
+    mixed = {**swin.state_dict(), "layers.0.blocks.0.attn.dwc.weight": torch.zeros(32, 1, 3, 3)}
+    assert dwc_options(swin, mixed) == {}  # two kernel sizes: no single option builds it
+    nano = timm.create_model("linvit_nano", device="meta")  # takes its kernel per stage in attn_layers
+    assert dwc_options(nano, {"stages.0.blocks.0.attn.dwc.weight": torch.zeros(32, 1, 3, 3)}) == {}
+
+
+def test_a_non_square_checkpoint_names_img_size(tmp_path, capsys):
+    """PVTv2-B0 weights trained at 224x320: no square size fits their tables, so convert refuses in one line that
+    names --img-size H W and sizes that fit every table; with --img-size 224 320 the weights convert exactly."""
+    name = "flatten_pvt_v2_b0"
+    state = _random_state(name, img_size=(224, 320))
+    src = tmp_path / "wide.pth"
+    torch.save(state, src)
+    assert main(["convert", str(src), str(tmp_path / "a.safetensors"), "--model", name]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "non-square" in err and "--img-size H W" in err and "224 320" in err, err
+    assert not (tmp_path / "a.safetensors").exists()
+    dst = tmp_path / "b.safetensors"
+    assert main(["convert", str(src), str(dst), "--model", name, "--img-size", "224", "320"]) == 0
+    assert "img_size=[224, 320]" in capsys.readouterr().out
+    model = timm.create_model(name, pretrained=True, img_size=(224, 320), pretrained_cfg_overlay={"file": str(dst)})
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.slow
+def test_a_non_square_checkpoint_without_model_names_the_model_and_img_size(tmp_path, capsys):
+    src = tmp_path / "wide.pth"
+    torch.save(_random_state("flatten_pvt_tiny", img_size=(224, 320)), src)
+    assert main(["convert", str(src), str(tmp_path / "a.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--model flatten_pvt_tiny --img-size H W" in err and "224 320" in err, err
+
+
+@pytest.mark.slow  # searches every registered model
+def test_a_misfit_without_another_fitting_model_names_model_kwargs(tmp_path, capsys):
+    src = tmp_path / "shallow.pth"
+    torch.save(_random_state("flatten_pvt_v2_b0", depths=(1, 1, 1, 1)), src)
+    assert main(["convert", str(src), str(tmp_path / "a.safetensors"), "--model", "flatten_pvt_v2_b0"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--model-kwargs" in err, err

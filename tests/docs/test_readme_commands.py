@@ -73,6 +73,7 @@ SHELL_PLANS: dict[str, Plan] = {
     "linvit train data=imagefolder data.root=/data/my_images data.num_classes=37": Plan(slow="short"),
     "linvit train --config-dir my_configs experiment=my_experiment": Plan(default="short", slow="short"),
     "linvit check-data /data/my_images": Plan(default="whole", slow="whole"),
+    "linvit check-data /data/my_images --max-imbalance 20": Plan(default="whole", slow="whole"),
     # Multi-GPU and clusters
     "python train.py trainer=ddp trainer.devices=8": Plan(why_not="needs 8 GPUs"),
     "python train.py experiment=imagenet_flatten_swin_tiny data.root=/data/imagenet": Plan(

@@ -9,6 +9,8 @@ and reports:
   regular file (a FIFO is never opened), over the size limits (``--max-pixels``, ``--max-aspect``), float pixels that
   are NaN/Inf (all read by :mod:`linvit.io.images`, as training reads them);
 - a split of a single class (training needs two);
+- a split whose largest class has more than ``max_imbalance`` (10) times the images of its smallest: a model trained
+  on it sees the large class that much more often and learns to favour it;
 - the same bytes in more than one split (a test image also trained on) or under more than one class;
 - symlinks followed out of their class folder, and trees training refuses (symlink loops);
 - sizes (width, height) and PIL modes and formats per split.
@@ -31,6 +33,7 @@ from linvit.train.data.image_folder import PilLoader, ReadableByPil
 SPLITS = ("train", "val", "test")
 _MAX_LISTED = 20
 _CHUNK = 1024  # files decoded per batch of thread-pool work (bounded memory on large datasets)
+DEFAULT_MAX_IMBALANCE = 10.0  # the largest class over the smallest of a split, past which check-data flags it
 
 
 @dataclass
@@ -88,6 +91,7 @@ class DataCheck:
 
     root: str
     splits: list[SplitCheck]
+    max_imbalance: float = DEFAULT_MAX_IMBALANCE
 
     def _groups(self) -> list[list[tuple[SplitCheck, str]]]:
         """(split, path) of every content digest found more than once."""
@@ -120,6 +124,19 @@ class DataCheck:
         every = set().union(*(split.counts for split in listed)) if listed else set()
         return {split.name: sorted(every - set(split.counts)) for split in listed if every - set(split.counts)}
 
+    def class_imbalance(self) -> dict[str, tuple[float, tuple[str, int], tuple[str, int]]]:
+        """Per split whose largest class has more than ``max_imbalance`` times the images of its smallest (empty
+        classes aside: they are a problem of their own): (ratio, (largest class, images), (smallest, images))."""
+        found = {}
+        for split in self.splits:
+            counted = [(count, name) for name, count in split.counts.items() if count > 0]
+            if len(counted) < 2:
+                continue
+            (small, small_name), (large, large_name) = min(counted), max(counted)
+            if large > self.max_imbalance * small:
+                found[split.name] = (large / small, (large_name, large), (small_name, small))
+        return found
+
     def problems(self) -> list[str]:
         """One line per kind of problem that makes training refuse the data, skip files or mislead."""
         problems = [f"{split.name}: {split.layout_error}" for split in self.splits if split.layout_error]
@@ -133,6 +150,8 @@ class DataCheck:
                 problems.append(
                     f"{split.name}: one class folder ({next(iter(split.counts))}), training needs two or more"
                 )
+        for name, (ratio, (large, _), (small, _)) in self.class_imbalance().items():
+            problems.append(f"{name}: classes out of balance {ratio:.3g}:1 ({large} over {small})")
         unreadable = sum(len(split.unreadable) for split in self.splits)
         if unreadable:
             problems.append(f"{unreadable} unreadable file(s)")
@@ -164,16 +183,18 @@ def check_image_folder(
     workers: int = 1,
     progress: Callable[[Iterable[ImageFacts], int], Iterable[ImageFacts]] | None = None,
     limits: ImageLimits | None = None,
+    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
 ) -> DataCheck:
     """Check an ImageNet-layout dataset at ``root``; ``workers`` threads decode images (PIL releases the GIL).
 
     ``progress(iterable, total)`` wraps the stream of decoded images (e.g. ``tqdm``); ``limits`` bound the images
-    decoded (default: training's, :func:`~linvit.train.data.image_folder.data_image_limits`).
+    decoded (default: training's, :func:`~linvit.train.data.image_folder.data_image_limits`); a split whose
+    largest class has more than ``max_imbalance`` times the images of its smallest is a problem.
     """
     root = str(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{root} is not a folder: give the dataset root (holding train/<class>/<images>).")
-    report = DataCheck(root, [])
+    report = DataCheck(root, [], max_imbalance)
     is_image = ReadableByPil()
     for name, folder in _splits(root):
         split = SplitCheck(name, folder)
@@ -229,6 +250,15 @@ def _format(report: DataCheck) -> Iterable[str]:
     yield from _listed(
         "the same image under more than one class",
         [" = ".join(short(p) for p in group) for group in report.duplicates_across_classes()],
+    )
+    yield from _listed(
+        f"classes out of balance (largest over smallest past {report.max_imbalance:g}:1): training sees the large "
+        "class that many times as often and learns to favour it; add images of the small class(es), or sample the "
+        "classes evenly (e.g. a class-balanced sampler)",
+        [
+            f"{name}: {ratio:.3g}:1, {large} {large_count} images, {small} {small_count}"
+            for name, (ratio, (large, large_count), (small, small_count)) in report.class_imbalance().items()
+        ],
     )
     yield from _listed(
         "symlinks followed out of their class folder (their images take that folder's label)",
