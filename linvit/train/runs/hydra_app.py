@@ -12,8 +12,8 @@ import errno
 import logging
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CONFIG_NAME", "config_dir", "main", "run_task"]
