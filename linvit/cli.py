@@ -2,7 +2,10 @@
 
 Each module there defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
 ``RAW_ARGUMENTS = True`` gets its arguments unparsed through ``run_arguments(list) -> int`` (``linvit train``).
-They are imported only when their sub-command runs, so ``linvit --help`` stays fast.
+The console script (:mod:`linvit_cli`) builds the parser before ``linvit/__init__.py`` has run; a command module
+imports nothing heavy at its top or in ``add_arguments`` (torch, timm, Lightning: inside ``run``), so ``linvit --help``
+and ``linvit CMD --help`` answer at once. :func:`load_library` finishes ``import linvit`` (the models registered with
+timm) before any command runs.
 A command with ``--json`` writes its JSON to ``args.data_stream`` (stdout); everything else goes to stderr.
 """
 
@@ -15,6 +18,16 @@ import pkgutil
 import sys
 
 import linvit.commands
+
+
+def load_library() -> None:
+    """Finish ``import linvit`` if the console script deferred it: every linvit model registered with timm.
+
+    A no-op when ``linvit`` was imported the ordinary way (``python -m linvit.cli``, ``from linvit.cli import main``).
+    """
+    finish_import = sys.modules["linvit"].__dict__.pop("_finish_import", None)
+    if finish_import is not None:
+        finish_import()
 
 
 def _command_names() -> list[str]:
@@ -41,12 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0].replace("-", "_") in _command_names():
         module = _load(argv[0].replace("-", "_"))
         if getattr(module, "RAW_ARGUMENTS", False):  # e.g. `linvit train`: Hydra parses the rest
-            return int(module.run_arguments(argv[1:]) or 0)
+            return int(module.run_arguments(argv[1:]) or 0)  # loads the library when it needs it
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    load_library()
     if not getattr(args, "json", False):
         return int(args._run(args) or 0)
     # --json: the data, and only the data, on stdout; whatever else writes to stdout while the command runs (progress

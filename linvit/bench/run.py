@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from linvit.bench import cases as suite_cases
 from linvit.bench.report import REPORT_FILES
@@ -89,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "folder), not the working tree",
     )
     parser.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is abandoned")
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr (a line as each case starts)")
 
 
 def _csv(text: str | None, default):
@@ -195,8 +197,12 @@ def _report_line(record: dict) -> str:
     return ", ".join(parts) or "ok"
 
 
-def run_workers(cases: list[dict], kind: str, settings: dict, fresh_per_case: bool) -> list[dict]:
-    """Run ``cases`` in worker processes; a case that crashes its worker or outlives its timeout is recorded."""
+def run_workers(cases: list[dict], kind: str, settings: dict, fresh_per_case: bool, progress: Any = None) -> list[dict]:
+    """Run ``cases`` in worker processes; a case that crashes its worker or outlives its timeout is recorded.
+
+    ``progress`` (a :class:`linvit.utils.progress.Progress`) is told each case as it starts; its result line goes to
+    stdout when it ends."""
+    by_key = {suite_cases.case_key(case): case for case in cases}
     records: list[dict] = []
     batches = [[case] for case in cases] if fresh_per_case else [cases]
     with tempfile.TemporaryDirectory(prefix="linvit-bench-") as tmp:
@@ -228,6 +234,10 @@ def run_workers(cases: list[dict], kind: str, settings: dict, fresh_per_case: bo
                         event = json.loads(line)
                         if event["event"] == "start":
                             running_key, started_at = event["key"], time.time()
+                            if progress is not None and running_key in by_key:
+                                progress.step(
+                                    f"{kind} {_describe(by_key[running_key])}", (len(records) + 1, len(cases))
+                                )
                         else:
                             records.append(event)
                             running_key = None
@@ -307,6 +317,9 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
     for name in REPORT_FILES:
         check_destination(out_dir / name, "plot" if name.endswith(".png") else "bench-report", force=force)
     started = datetime.datetime.now(datetime.timezone.utc)
+    from linvit.utils.progress import Progress
+
+    progress = Progress("bench", enabled=not getattr(args, "no_progress", False))
     print(f"linvit benchmarks -> {out_dir} ({', '.join(settings['suites'])}; {settings['dtype']} on {args.device})")
 
     records: list[dict] = []
@@ -337,10 +350,12 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
         # The machine's description and GEMM peak come from the first worker, in the same conditions as the cases.
         if settings["latency"] or machine_case:
             latency_cases = cases if settings["latency"] else []
-            records += run_workers(machine_case + latency_cases, "latency", settings, fresh_per_case=False)
+            records += run_workers(
+                machine_case + latency_cases, "latency", settings, fresh_per_case=False, progress=progress
+            )
             machine_case = []
         if settings["memory"] and memory_cases:
-            records += run_workers(memory_cases, "memory", settings, fresh_per_case=True)
+            records += run_workers(memory_cases, "memory", settings, fresh_per_case=True, progress=progress)
 
     machine = next((r for r in records if r["case"]["suite"] == "machine"), {})
     records = [r for r in records if r["case"]["suite"] != "machine"]

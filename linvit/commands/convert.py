@@ -123,6 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="replace DST when it exists and linvit did not write it (a folder: only its model.safetensors and "
         "config.json; other files stay); SRC itself is never replaced",
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr (one line per step)")
 
 
 def _kwargs_text(model_args: dict[str, Any]) -> str:
@@ -357,6 +358,7 @@ def convert_checkpoint(
     creation: dict[str, Any] | None = None,
     force: bool = False,
     allow_non_finite: bool = False,
+    progress: Any = None,
 ) -> Conversion:
     """Convert ``src`` to ``dst`` for ``model_name`` (inferred when None, which needs no ``creation``).
 
@@ -369,15 +371,19 @@ def convert_checkpoint(
 
     Every file is written through :func:`linvit.io.destination.write_file` (temporary name in its folder, rename,
     recorded): one that exists and that linvit did not write as that kind is refused unless ``force``, and SRC itself
-    always (:class:`~linvit.io.destination.DestinationError`)."""
+    always (:class:`~linvit.io.destination.DestinationError`). ``progress``: a :class:`linvit.utils.progress.Progress`
+    told each step (default: none)."""
     import torch
 
     import linvit.models  # noqa: F401  (registers the families)
     from linvit.io import check_finite_weights, extract_model_state_dict, load_checkpoint_file
     from linvit.io.destination import file_sha256
+    from linvit.utils.progress import Progress
 
+    progress = progress or Progress("convert", enabled=False)
     if not is_folder_destination(dst):
         _check_destinations(src, _destinations(dst), force)  # before the minutes of inference, not after
+    progress.step(f"reading {src}", (1, 3))
     checkpoint = load_checkpoint_file(src, trusted=trusted)
     state_dict = extract_model_state_dict(checkpoint, use_ema=use_ema)
     check_finite_weights(state_dict, str(src), allow=allow_non_finite, opt_out="--allow-non-finite")
@@ -385,16 +391,19 @@ def convert_checkpoint(
     if model_name is None:
         if creation:
             raise ValueError("--img-size / --model-kwargs describe a model: pass --model NAME with them.")
+        progress.step("finding the registered model the weights fit (every linvit family)", (2, 3))
         try:
             model_name, filtered, conversion = _infer(state_dict)
         except ValueError as error:
             raise ValueError(f"'{src}': {error}") from None
     else:
+        progress.step(f"fitting the weights to {model_name}", (2, 3))
         try:
             filtered, resized, model_args, inferred = infer_creation(model_name, state_dict, creation)
         except Misfit as misfit:
             raise ValueError(f"{misfit}. {_what_they_fit(state_dict)}") from None
         conversion = Conversion(model_name, model_args, inferred, resized)
+    progress.step(f"writing {dst}", (3, 3))
     tensors = {k: v.detach().contiguous().clone() for k, v in filtered.items()}
     folder = is_folder_destination(dst)
     if folder or str(dst).endswith(".safetensors"):
@@ -441,6 +450,8 @@ def _destinations(dst: str) -> list[tuple[Path, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linvit.utils.progress import Progress
+
     folder = is_folder_destination(args.dst)
     try:
         if folder and Path(args.dst).exists() and not Path(args.dst).is_dir():
@@ -459,6 +470,7 @@ def run(args: argparse.Namespace) -> int:
             creation=creation,
             force=args.force,
             allow_non_finite=args.allow_non_finite,
+            progress=Progress("convert", enabled=not args.no_progress),
         )
     except ValueError as error:  # CheckpointError is a ValueError: missing/corrupt/untrusted files, misfits
         print(f"error: {error}", file=sys.stderr)

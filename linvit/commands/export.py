@@ -76,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-non-finite", action="store_true", help="export weights that hold NaN/Inf (named in a warning)"
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr (one line per step)")
 
 
 def load_snippet(folder: Path) -> str:
@@ -172,9 +173,12 @@ def check_run_config(checkpoint: Path, trusted: bool) -> str | None:
 
 def _export_graph(args: argparse.Namespace) -> int:
     from linvit.utils.deploy import example_size, export_onnx, export_program, native_size, save_program
+    from linvit.utils.progress import Progress
 
     if (args.run is None) == (args.model is None):
         return _fail("give a run directory (or .ckpt) or --model NAME, not both and not neither.")
+    progress = Progress("export", enabled=not args.no_progress)
+    progress.step("building the model" + (" from the run's checkpoint" if args.run is not None else ""), (1, 3))
     if args.run is not None:
         model, source, default_out, inputs = _model_from_run(args)
     else:
@@ -187,10 +191,13 @@ def _export_graph(args: argparse.Namespace) -> int:
 
     check_not_input(out, *inputs)
     check_destination(out, args.format, force=args.force)  # refused before the export's minutes, not after
+    progress.step("tracing with torch.export (dynamic batch, height and width)", (2, 3))
     program = export_program(model)
     if args.format == "pt2":
+        progress.step(f"saving the program to {out}", (3, 3))
         path = save_program(program, out, force=args.force, inputs=inputs)
     else:
+        progress.step(f"converting to ONNX and writing {out} (the longest step: minutes for a large model)", (3, 3))
         path = export_onnx(model, out, opset=args.opset, program=program, force=args.force, inputs=inputs)
     height, width = native_size(model)
     traced = "x".join(str(side) for side in example_size(model))

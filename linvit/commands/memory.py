@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure on the CPU with glibc's default malloc (keeps freed blocks; see docs/memory.md)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress on stderr (the steps of --measure and --budget)"
+    )
 
 
 def _stage_table(estimate, format_bytes) -> list[str]:
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from linvit.memory.fit import largest_batch, largest_size
     from linvit.memory.measure import measure_memory
     from linvit.memory.units import format_bytes, parse_bytes
+    from linvit.utils.progress import Progress
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -108,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
     result = {"estimate": estimate.to_dict()}
     lines = _report(estimate, format_bytes)
+    progress = Progress("memory", enabled=not args.no_progress)
     if args.measure:
+        progress.step(f"measuring: running {args.model} for real in a fresh process")
         measured = measure_memory(args.model, height, width, args.batch, default_malloc=args.default_malloc, **options)
         error = estimate.peak_bytes / measured.peak_bytes - 1 if measured.peak_bytes > 0 else float("nan")
         result["measurement"] = {**measured.__dict__, "prediction_error": error}
@@ -117,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
             f" predicted {error:+.1%} from measured"
         )
     if budget is not None:
+        progress.step(f"searching the largest input under {format_bytes(budget)} (dry runs)")
         size_fit = largest_size(args.model, budget, (height, width), args.batch, **options)
+        progress.step(f"searching the largest batch under {format_bytes(budget)} (dry runs)")
         batch_fit = largest_batch(args.model, budget, height, width, **options)
         result["budget"] = {
             "budget_bytes": budget,

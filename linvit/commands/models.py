@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the README table: params, MACs at 224/1024, published top-1"
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr (one line per model)")
 
 
 def linvit_model_names(pattern: str = "*") -> list[str]:
@@ -99,13 +100,15 @@ def _fmt_macs(macs: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linvit.utils.progress import Progress
+
     names = linvit_model_names(args.pattern)
     if not names:
         print(f"no linvit model matches {args.pattern!r}")
         return 1
     with_macs = args.macs or args.markdown
     rows = []
-    for name in names:
+    for name in Progress("models", enabled=not args.no_progress).items(names):
         macs: list[int | None] = [None] * len(MAC_SIZES)
         if with_macs:
             try:

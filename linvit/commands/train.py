@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_arguments(arguments: list[str]) -> int:
+    from linvit.cli import load_library
     from linvit.train.runs.hydra_app import main
 
-    main(argv=arguments)
+    main(argv=arguments, before_task=load_library)
     return 0

@@ -24,36 +24,41 @@
 Imports torch, timm and safetensors only (no other room of linvit).
 """
 
-from linvit.io.errors import CheckpointError, UntrustedCheckpointError
-from linvit.io.families import family_models, model_family
-from linvit.io.finite import NonFiniteWeightsError, allow_non_finite_weights, check_finite_weights
-from linvit.io.integrity import DamagedCheckpointError, verify_file
-from linvit.io.pretrained import build_model_loading_safely, load_pretrained_file, route_pretrained_to_model
-from linvit.io.safe_load import check_checkpoint_intact, load_checkpoint_file
-from linvit.io.state_dict import (
-    describe_mismatch,
-    extract_model_state_dict,
-    state_dict_mismatch,
-    strip_wrapper_prefixes,
-)
+import importlib
 
-__all__ = [
-    "CheckpointError",
-    "DamagedCheckpointError",
-    "NonFiniteWeightsError",
-    "UntrustedCheckpointError",
-    "allow_non_finite_weights",
-    "build_model_loading_safely",
-    "check_checkpoint_intact",
-    "check_finite_weights",
-    "describe_mismatch",
-    "extract_model_state_dict",
-    "family_models",
-    "load_checkpoint_file",
-    "load_pretrained_file",
-    "model_family",
-    "route_pretrained_to_model",
-    "state_dict_mismatch",
-    "strip_wrapper_prefixes",
-    "verify_file",
-]
+# name -> the submodule defining it; imported on first use (PEP 562), so that a light submodule such as
+# linvit.io.destination or linvit.io.bounded costs no torch import (the `linvit --help` of the console script)
+_EXPORTS = {
+    "CheckpointError": "errors",
+    "UntrustedCheckpointError": "errors",
+    "family_models": "families",
+    "model_family": "families",
+    "NonFiniteWeightsError": "finite",
+    "allow_non_finite_weights": "finite",
+    "check_finite_weights": "finite",
+    "DamagedCheckpointError": "integrity",
+    "verify_file": "integrity",
+    "build_model_loading_safely": "pretrained",
+    "load_pretrained_file": "pretrained",
+    "route_pretrained_to_model": "pretrained",
+    "check_checkpoint_intact": "safe_load",
+    "load_checkpoint_file": "safe_load",
+    "describe_mismatch": "state_dict",
+    "extract_model_state_dict": "state_dict",
+    "state_dict_mismatch": "state_dict",
+    "strip_wrapper_prefixes": "state_dict",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'linvit.io' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"linvit.io.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -39,24 +39,31 @@ Nothing here needs Hydra except :mod:`linvit.train.runs.run` and :mod:`linvit.tr
 objects are built again without it (:mod:`linvit.train.runs.saved_run`).
 """
 
-from linvit.train.data.datamodules import (
-    CIFARDataModule,
-    ClassificationDataModule,
-    DigitsDataModule,
-    FashionMNISTDataModule,
-    ImageFolderDataModule,
-)
-from linvit.train.data.segmentation import SegmentationDataModule
-from linvit.train.modules.classification import ImageClassifier
-from linvit.train.modules.segmentation import SegmentationModule
+import importlib
 
-__all__ = [
-    "CIFARDataModule",
-    "ClassificationDataModule",
-    "DigitsDataModule",
-    "FashionMNISTDataModule",
-    "ImageClassifier",
-    "ImageFolderDataModule",
-    "SegmentationDataModule",
-    "SegmentationModule",
-]
+# name -> the module defining it; imported on first use (PEP 562), so that the Hydra entry
+# (linvit.train.runs.hydra_app) answers `linvit train --help` without importing torch and Lightning
+_EXPORTS = {
+    "CIFARDataModule": "data.datamodules",
+    "ClassificationDataModule": "data.datamodules",
+    "DigitsDataModule": "data.datamodules",
+    "FashionMNISTDataModule": "data.datamodules",
+    "ImageFolderDataModule": "data.datamodules",
+    "SegmentationDataModule": "data.segmentation",
+    "ImageClassifier": "modules.classification",
+    "SegmentationModule": "modules.segmentation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'linvit.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"linvit.train.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

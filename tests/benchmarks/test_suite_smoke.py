@@ -128,9 +128,10 @@ def test_linvit_bench_command_takes_the_suite_options():
     args = cli.build_parser().parse_args(["bench", "--quick", "--only", "operators", "--heads", "3x32"])
     assert args._run is bench.run
     assert args.quick and args.only == "operators" and args.heads == "3x32"
+    assert not args.no_progress and cli.build_parser().parse_args(["bench", "--no-progress"]).no_progress
 
 
-def test_linvit_bench_writes_below_the_working_directory(tmp_path, monkeypatch):
+def test_linvit_bench_writes_below_the_working_directory(tmp_path, monkeypatch, capsys):
     """`linvit bench` runs the suite of the package and, without --out, writes to ./bench-results (never into the
     installed package); tests/packaging/test_wheel.py runs it from a wheel."""
     from linvit.cli import main as linvit_main
@@ -139,6 +140,10 @@ def test_linvit_bench_writes_below_the_working_directory(tmp_path, monkeypatch):
     argv = ["bench", "--quick", "--only", "operators", "--maps", "8", "--heads", "2x8", "--ops", "linvit_linear"]
     argv += ["--modes", "fwd", "--no-memory", "--repeats", "1", "--budget", "0.01"]
     assert linvit_main(argv) == 0
+    # each case said on stderr as it starts (the machine's description first), its result on stdout as it ends
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[linvit bench")]
+    assert [line.split("] ")[0] for line in progress] == ["[linvit bench 1/2", "[linvit bench 2/2"], progress
+    assert "op=linvit_linear" in progress[1]
     out = tmp_path / "bench-results" / "tmp" / "quick"
     [record] = [r for r in _records(out) if r["case"].get("op") == "linvit_linear"]
     assert record["status"] == "ok" and record["latency_ms"] > 0

@@ -55,7 +55,9 @@ def test_budget_text(capsys):
 
 def test_measure_prints_measured_beside_predicted(capsys):
     assert main(["memory", "linvit_nano", "--size", "224", "--measure", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)  # the whole of stdout: the measuring step is said on stderr
+    assert "[linvit memory] measuring: running linvit_nano for real in a fresh process" in err
     measurement = result["measurement"]
     assert measurement["kind"] == "peak RSS, malloc returns freed blocks"
     assert abs(measurement["prediction_error"]) <= 0.15

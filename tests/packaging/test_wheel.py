@@ -31,6 +31,7 @@ def installed(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
     shutil.copytree(REPO / "linvit", source / "linvit", symlinks=True, ignore=ignore)  # linvit/configs: the link
+    shutil.copytree(REPO / "linvit_cli", source / "linvit_cli", ignore=ignore)  # the console script's entry point
     shutil.copytree(REPO / "configs", source / "configs", ignore=ignore)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist")]
     subprocess.run([*build, str(source)], check=True, capture_output=True, text=True, timeout=600)
@@ -51,6 +52,19 @@ def test_the_wheel_ships_every_config(installed):
     shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("linvit/configs/")}
     expected = {f"linvit/configs/{path.relative_to(REPO / 'configs')}" for path in (REPO / "configs").rglob("*.yaml")}
     assert expected and shipped == expected
+
+
+def test_the_installed_console_script_answers_help_without_torch(installed, tmp_path):
+    """The wheel's `linvit` script enters through linvit_cli: `linvit --help` imports neither torch nor timm."""
+    env = dict(os.environ, PYTHONPATH=str(installed / "site"))
+    script = str(installed / "site" / "bin" / "linvit")
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: linvit"), result.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert {"linvit_cli", "linvit.cli"} <= imported and "    train " in result.stdout  # every command listed
+    assert not imported & {"torch", "timm", "lightning"}
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch/lightning/timm twice: ~40 s on 2 shared cores

@@ -39,6 +39,7 @@ from linvit.io import (
 )
 from linvit.io.destination import file_sha256, recorded_sha256, write_file
 from linvit.train.runs.run import resolve_ckpt_path
+from linvit.utils.progress import is_progress_line
 
 MODEL = "linvit_nano"
 FLIPPED = 4096  # bytes flipped in the middle of a checkpoint
@@ -110,7 +111,8 @@ def _entry_at(path: Path, offset: int) -> str:
 
 
 def _one_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
+    """The one error line of ``text``, its progress lines (``[linvit convert 1/3] ...``) aside."""
+    lines = [line for line in text.splitlines() if line.strip() and not is_progress_line(line)]
     assert len(lines) == 1 and "Traceback" not in text, text
     return lines[0]
 

@@ -20,12 +20,14 @@ import torch
 
 from linvit.cli import main
 from linvit.io.destination import RECORD_NAME, TEMPORARY_SUFFIX, DestinationError, remove_own_temporaries
+from linvit.utils.progress import is_progress_line
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
+    """The one error line of ``err``, its progress lines (``[linvit export 1/3] ...``) aside."""
+    lines = [line for line in err.strip().splitlines() if line.strip() and not is_progress_line(line)]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 

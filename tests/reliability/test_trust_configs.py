@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 import linvit.models  # noqa: F401  (registers linvit's families)
 from linvit.cli import main as linvit_main
+from linvit.utils.progress import is_progress_line
 from linvit.utils.saved_config import UntrustedConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,8 @@ def _planted(folder: Path, nano_state, model_args: dict, extra: dict | None = No
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
+    """The one error line of ``err``, its progress lines (``[linvit export 1/3] ...``) aside."""
+    lines = [line for line in err.strip().splitlines() if line.strip() and not is_progress_line(line)]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 

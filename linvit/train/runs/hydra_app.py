@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,15 @@ def _stop(error: BaseException | str) -> None:
     sys.exit(1)
 
 
-def main(argv: list[str] | None = None, configs: str | os.PathLike | None = None) -> None:
+def main(
+    argv: list[str] | None = None,
+    configs: str | os.PathLike | None = None,
+    before_task: Callable[[], None] | None = None,
+) -> None:
     """Run the Hydra app on ``argv`` (default: ``sys.argv[1:]``) with the configs in ``configs`` (default: ours).
+
+    ``before_task`` runs when the task starts, not for Hydra's flags that only print (``--help``, ``--cfg job``):
+    ``linvit train`` loads the library there (:func:`linvit.cli.load_library`).
 
     ``sys.argv`` is what Hydra parses; it is handed back whole to the task, because Lightning re-launches
     ``sys.argv`` for the other DDP ranks (``linvit train ...`` must restart as ``linvit train ...``).
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None, configs: str | os.PathLike | None = None
 
     def task(cfg: Any) -> float | None:
         sys.argv[:] = original
+        if before_task is not None:
+            before_task()
         return run_task(cfg)
 
     directory = Path(configs).resolve() if configs is not None else config_dir()
