@@ -131,6 +131,33 @@ class FolderAutoValues:
         )
         return chosen
 
+    def take_chosen_values(self, chosen: dict[str, Any], why: str) -> dict[str, Any]:
+        """The values of ``chosen`` (a resumed run's saved config: what it chose before) for the options still
+        ``auto``, checked like given ones; returns those taken. A resumed run trains on as it began, even if the
+        folder has changed since."""
+        from linvit.train.data.options import whole_number
+
+        checks = {
+            "num_classes": lambda v: whole_number(v, "data.num_classes", minimum=2),
+            "batch_size": lambda v: whole_number(v, "data.batch_size", minimum=1),
+            "drop_last": lambda v: v if isinstance(v, bool) else None,
+            "auto_augment": lambda v: v if isinstance(v, str) and v != AUTO else None,
+            "scale": lambda v: [float(x) for x in v] if isinstance(v, list) and len(v) == 2 else None,
+            "re_prob": lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
+        }
+        taken = {}
+        for key in sorted(self.auto_options & set(chosen)):
+            value = checks[key](chosen[key])
+            if value is None:
+                continue  # not a value this option takes: chosen again
+            setattr(self, key, value)
+            self._resolved(key, value)
+            taken[key] = value
+            log_choice(key, Choice(value, why))
+        if "num_classes" in taken:
+            self.class_names = [str(i) for i in range(self.num_classes)]
+        return taken
+
     def choose_auto_values(self) -> None:
         """Every ``auto`` option still open, with their defaults (one process, no mixup): for use without the
         training entry, which chooses them first with what it knows of the trainer and the model."""

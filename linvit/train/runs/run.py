@@ -164,6 +164,11 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
     from linvit.train.data.folder_scan import FolderLayoutError
 
     processes = _processes(cfg.trainer)
+    saved = _saved_choices(cfg)
+    if hasattr(datamodule, "take_chosen_values") and saved:
+        data = saved.get("data") if isinstance(saved.get("data"), dict) else {}
+        for key, value in datamodule.take_chosen_values(data, "as the run chose when it began: resuming").items():
+            cfg.data[key] = value
     if hasattr(datamodule, "choose_num_classes"):
         try:
             cfg.data.num_classes = datamodule.choose_num_classes()
@@ -178,7 +183,10 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
     if cfg.trainer.get("max_epochs") != "auto":
         return
     auto = cfg.get("auto") or {}
-    if hasattr(datamodule, "training_images"):
+    before = (saved.get("trainer") or {}).get("max_epochs") if isinstance(saved.get("trainer"), dict) else None
+    if isinstance(before, int) and not isinstance(before, bool) and before > 0:
+        epochs, reason = before, "as the run chose when it began: resuming"
+    elif hasattr(datamodule, "training_images"):
         images = datamodule.training_images()
         steps = steps_per_epoch(images, datamodule.batch_size * processes, datamodule.drop_last)
         epochs, reason = auto_max_epochs(steps, int(auto.get("target_steps", TARGET_STEPS)))
@@ -187,6 +195,21 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
         reason = f"auto.epochs for {type(datamodule).__name__}, whose size the recipe knows"
     cfg.trainer.max_epochs = epochs
     _log.info("trainer.max_epochs=auto: %d (%s)", epochs, reason)
+
+
+def _saved_choices(cfg: DictConfig) -> dict[str, Any]:
+    """The saved config.yaml of the run this one resumes in its own directory (``resume: true`` and its
+    ``last.ckpt``), read within bounds, as plain data; empty otherwise (or when it cannot be read: chosen again)."""
+    from linvit.io.bounded import read_yaml
+
+    output_dir = Path(str(cfg.paths.output_dir))
+    if cfg.get("ckpt_path") or not cfg.get("resume", True) or not (output_dir / "checkpoints" / "last.ckpt").is_file():
+        return {}
+    try:
+        saved = read_yaml(output_dir / "config.yaml", what="run config")
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _processes(trainer_cfg: DictConfig) -> int:

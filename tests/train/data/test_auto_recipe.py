@@ -122,13 +122,14 @@ def test_explicit_values_win_and_a_wrong_class_count_is_refused(tmp_path):
         wrong.choose_num_classes()
 
 
-def _train(overrides, run_dir):
+def _train(overrides, run_dir, callbacks=None):
     from train_helpers import FAST, TINY_TIMM, compose
 
     from linvit.train.runs.run import train
 
     fast = [o for o in FAST if not o.startswith(("data.img_size", "data.batch_size"))]
-    return train(compose([*overrides, *TINY_TIMM, *fast, "export.enabled=false", "data.pin_memory=false"], run_dir))
+    overrides = [*overrides, *TINY_TIMM, *fast, "export.enabled=false", "data.pin_memory=false"]
+    return train(compose(overrides, run_dir), callbacks=callbacks)
 
 
 def test_a_run_with_every_auto_value_saves_the_numbers(tmp_path, caplog):
@@ -165,3 +166,40 @@ def test_max_epochs_auto_on_data_of_a_known_size_is_its_recipe(tmp_path):
     assert cfg.trainer.max_epochs == "auto"
     _choose_auto_values(cfg, SimpleNamespace(batch_size=64))  # digits: no folder to count
     assert cfg.trainer.max_epochs == auto_recipe.EPOCHS_OF_KNOWN_DATA
+
+
+def test_a_resumed_auto_run_matches_the_uninterrupted_one_and_keeps_its_choices(tmp_path, caplog):
+    import torch
+    from lightning.pytorch import Callback
+
+    class StopAfterFirstEpoch(Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = trainer.current_epoch == 0
+
+    root = _folder(tmp_path / "data", {"a": 12, "b": 12, "c": 12}, size=20)
+    overrides = ["data=imagefolder", f"data.root={root}", "+trainer.limit_val_batches=1", "test=false"]
+    overrides += ["auto.target_steps=8"]  # 33 images: batch 8, the last image dropped, 4 steps x 2 epochs
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    _train(overrides, straight)
+    _train(overrides, interrupted, callbacks=[StopAfterFirstEpoch()])
+    _train(overrides, interrupted)  # resume: true finds checkpoints/last.ckpt
+
+    def weights(run):
+        checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        return checkpoint["global_step"], checkpoint["state_dict"]
+
+    (step_a, weights_a), (step_b, weights_b) = weights(straight), weights(interrupted)
+    assert step_a == step_b == 8
+    for key in weights_a:
+        torch.testing.assert_close(weights_b[key], weights_a[key], rtol=1e-5, atol=1e-6, msg=key)
+
+    # the folder grows: chosen again, 69 images would ask for 1 epoch of 8 steps; the run keeps what it chose
+    _folder(tmp_path / "more", {"a": 36})
+    for index, path in enumerate(sorted((tmp_path / "more" / "train" / "a").iterdir())):
+        path.rename(root / "train" / "a" / f"more_{index}.png")
+    with caplog.at_level(logging.INFO):
+        _train(overrides, interrupted)
+    assert "trainer.max_epochs=auto: 2 (as the run chose when it began: resuming)" in caplog.text
+    saved = [yaml.safe_load((run / "config.yaml").read_text()) for run in (straight, interrupted)]
+    assert saved[0]["data"] == saved[1]["data"]
+    assert saved[0]["trainer"]["max_epochs"] == saved[1]["trainer"]["max_epochs"] == 2
