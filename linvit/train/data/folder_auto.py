@@ -160,7 +160,9 @@ class FolderAutoValues:
 
     def choose_auto_values(self) -> None:
         """Every ``auto`` option still open, with their defaults (one process, no mixup): for use without the
-        training entry, which chooses them first with what it knows of the trainer and the model."""
-        self.choose_num_classes()
+        training entry, which chooses them first with what it knows of the trainer and the model. (A class count
+        given is checked by ``setup``, after the scan that names an empty or looping folder.)"""
+        if "num_classes" in self.auto_options:
+            self.choose_num_classes()
         self.choose_batch_size()
         self.choose_augmentation()
