@@ -30,7 +30,9 @@ def take_auto_options(options: dict[str, Any]) -> set[str]:
 
 
 def log_choice(key: str, choice: Choice) -> None:
-    _log.info("data.%s=auto: %s (%s)", key, choice.value, choice.reason)
+    """One log line: the option, the value chosen (as a config writes it) and why."""
+    value = str(choice.value).lower() if isinstance(choice.value, bool) else choice.value
+    _log.info("data.%s=auto: %s (%s)", key, value, choice.reason)
 
 
 class FolderAutoValues:
