@@ -149,6 +149,17 @@ def test_a_run_with_every_auto_value_saves_the_numbers(tmp_path, caplog):
     assert "optimizer steps" in caplog.text  # 20 steps: the few-steps warning
 
 
+def test_linvit_eval_rebuilds_an_auto_run_from_its_saved_numbers(tmp_path, capsys):
+    import json
+
+    from linvit.cli import main as linvit_main
+
+    root = _folder(tmp_path / "data", {"a": 12, "b": 12, "c": 12}, size=20)
+    _train(["data=imagefolder", f"data.root={root}", "+trainer.fast_dev_run=1", "test=false"], tmp_path / "run")
+    assert linvit_main(["eval", str(tmp_path / "run"), "--json", "--accelerator", "cpu"]) == 0
+    assert 0.0 <= json.loads(capsys.readouterr().out)["test/acc1"] <= 1.0
+
+
 def test_a_class_count_that_disagrees_is_one_error_naming_both(tmp_path):
     from linvit.train.runs.config_types import ConfigValueError
 
