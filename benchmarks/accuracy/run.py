@@ -3,6 +3,13 @@
     python -m benchmarks.accuracy.run                        # every run below (about an hour on 2 CPU cores)
     python -m benchmarks.accuracy.run --only digits          # the default run and its baseline (minutes)
     python -m benchmarks.accuracy.run --only fashion_mnist   # needs dataset-fashion-mnist (apt)
+    python -m benchmarks.accuracy.run --only folders         # the folder runs below (about 1.5 hours)
+    python -m benchmarks.accuracy.run --only folder_digits_3x40_linvit_nano   # one of them (minutes)
+
+The folder runs write real and synthetic sets as ImageNet-layout folders (:mod:`benchmarks.accuracy.folders`, into
+``<log dir>/folders``) and train linvit_nano, resnet18 and efficientvit_b0 (timm) on each with the one command a new
+user types, ``python train.py data=imagefolder data.root=DIR`` (= ``linvit train ...``): every training value
+``auto`` (batch, epochs, augmentation, class count, input size), chosen from the folder.
 
 Each run is ``python train.py <overrides>`` in a subprocess (with ``OMP_WAIT_POLICY=PASSIVE``); its test metrics
 (``metrics.json`` of the run directory) and wall time go to ``benchmarks/accuracy/runs/<run>.json``; then
@@ -43,6 +50,48 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     ),
 }
 
+# folder sets: name -> benchmarks.accuracy.folders.write_folder arguments (the first classes, the first images)
+FOLDER_SETS: dict[str, dict] = {
+    "digits_3x40": {"name": "digits", "classes": 3, "per_class": 40, "val_per_class": 10, "test_per_class": 100},
+    "digits_10": {"name": "digits", "val_per_class": 20, "test_per_class": 50},
+    "fashion_mnist_3x40": {
+        "name": "fashion_mnist",
+        "classes": 3,
+        "per_class": 40,
+        "val_per_class": 10,
+        "test_per_class": 100,
+    },
+    "fashion_mnist_10x500": {"name": "fashion_mnist", "per_class": 500, "val_per_class": 50, "test_per_class": 200},
+    "shapes_3x100": {"name": "shapes", "per_class": 100, "val_per_class": 20, "test_per_class": 100},
+}
+FOLDER_MODELS: dict[str, list[str]] = {
+    "linvit_nano": [],
+    "resnet18": ["model=timm", "model.model_name=resnet18"],
+    BASELINE: ["model=timm", f"model.model_name={BASELINE}"],
+}
+FOLDERS = "<folders>"  # in an override: the folder the sets are written into
+RUNS.update(
+    {
+        f"folder_{folder_set}_{model}": (
+            f"folder_{folder_set}",
+            model,
+            ["data=imagefolder", f"data.root={FOLDERS}/{folder_set}", *model_overrides],
+        )
+        for folder_set in FOLDER_SETS
+        for model, model_overrides in FOLDER_MODELS.items()
+    }
+)
+
+
+def _write_folder_set(dataset: str, folders: Path) -> None:
+    """The set of a folder run (``folder_<set>``), written into ``folders`` unless it is there."""
+    from benchmarks.accuracy.folders import write_folder
+
+    name = dataset.removeprefix("folder_")
+    if not (folders / name / "train").is_dir():
+        options = dict(FOLDER_SETS[name])
+        write_folder(options.pop("name"), folders / name, **options)
+
 
 def _params(model_name: str) -> int:
     code = (
@@ -56,9 +105,14 @@ def _params(model_name: str) -> int:
 def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
     dataset, model, overrides = RUNS[name]
     run_dir = log_dir / name
+    shown = list(overrides)  # the command as recorded: <folders> stands for the folder the sets are in
+    if dataset.startswith("folder_"):
+        _write_folder_set(dataset, log_dir / "folders")
+        overrides = [o.replace(FOLDERS, str(log_dir / "folders")) for o in overrides]
     if run_dir.exists():
         shutil.rmtree(run_dir)
     overrides = [*overrides, *extra, f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+    shown += extra
     command = [sys.executable, "train.py", *overrides]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
     started = time.perf_counter()
@@ -74,7 +128,7 @@ def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
         "dataset": dataset,
         "model": model,
         "params": _params(model),
-        "command": "python train.py " + " ".join(shlex.quote(o) for o in overrides[:-2]),
+        "command": "python train.py " + " ".join(shlex.quote(o) for o in shown),
         "test_acc1": metrics.get("test/acc1"),
         "test_acc5": metrics.get("test/acc5"),
         "test_ema_acc1": metrics.get("test_ema/acc1"),
@@ -89,11 +143,13 @@ def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
 def write_report(rows: dict[str, dict]) -> None:
     (HERE / "results.json").write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
     lines = [
-        "# Accuracy: linvit_nano beside a timm model of similar size, same recipe",
+        "# Accuracy: linvit_nano beside timm models, same recipe",
         "",
         "Written by `python -m benchmarks.accuracy.run` (do not edit by hand). Test top-1 of the best-validation",
         "checkpoint (raw weights and EMA weights), on the held-out test split; wall time of the whole",
         "`python train.py` process (start-up, training, validation, test, export) on a shared machine.",
+        "`folder_*` runs: sets written as ImageNet-layout folders (`<folders>`: `benchmarks/accuracy/folders.py`),",
+        "trained with `data=imagefolder data.root=DIR` and nothing else (every training value `auto`).",
         "",
         "| run | params | test top-1 | test top-1 (EMA) | test top-5 | wall time | command |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -130,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
     args = parser.parse_args(argv)
     wanted = [w for w in args.only.split(",") if w]
+    groups = {"folders": [n for n in RUNS if n.startswith("folder_")]}
+    wanted = [n for w in wanted for n in groups.get(w, [w])]
     names = [n for n, (dataset, _, _) in RUNS.items() if not wanted or n in wanted or dataset in wanted]
     for name in [] if args.report_only else names:
         sys.stdout.write(f"{name} ...\n")

@@ -62,15 +62,13 @@ SHELL_PLANS: dict[str, Plan] = {
     "python train.py model=linvit model.model_name=vit_tiny_patch16_224 +model.model_kwargs.patch_size=4": Plan(
         slow="short"
     ),
-    "python train.py data=imagefolder data.root=/data/my_images data.num_classes=37": Plan(
-        default="short", slow="short"
-    ),
+    "python train.py data=imagefolder data.root=/data/my_images": Plan(default="short", slow="short"),
     "python train.py data=cifar10 data.download=true": Plan(default="whole", offline=True),
     "python train.py trainer.precision=bf16-mixed trainer.gradient_clip_val=1.0 model.ema.enabled=false": Plan(
         slow="short"
     ),
     "python train.py logger=many_loggers": Plan(slow="short", needs="tensorboard"),
-    "linvit train data=imagefolder data.root=/data/my_images data.num_classes=37": Plan(slow="short"),
+    "linvit train data=imagefolder data.root=/data/my_images": Plan(slow="short"),
     "linvit train --config-dir my_configs experiment=my_experiment": Plan(default="short", slow="short"),
     "linvit check-data /data/my_images": Plan(default="whole", slow="whole"),
     "linvit check-data /data/my_images --max-imbalance 20": Plan(default="whole", slow="whole"),

@@ -58,7 +58,7 @@ def test_a_model_num_classes_that_disagrees_with_the_data_fails_before_training(
 
 # -- values of the wrong type: one typed check of the whole composed config, before anything starts ---------------
 WRONG_TYPES = [
-    ("trainer.max_epochs=ten", "trainer.max_epochs='ten' (str) must be an integer"),
+    ("trainer.max_epochs=ten", "trainer.max_epochs='ten' (str) must be auto or an integer"),
     ("model.optimizer.lr=abc", "model.optimizer.lr='abc' (str) must be a finite number"),
     ("model.optimizer.lr=null", "model.optimizer.lr=null must be a finite number"),
     ("model.optimizer.weight_decay=abc", "model.optimizer.weight_decay='abc' (str) must be a finite number"),

@@ -348,7 +348,7 @@ def test_a_batch_size_that_is_not_a_positive_integer_is_refused(key, value, tmp_
         cfg = compose(config_name="train", overrides=[f"data.{key}={value}", f"paths.output_dir={tmp_path}"])
     given = {"true": "True"}.get(value, value)  # Hydra reads `true` as a bool, which int() would take for 1
     with pytest.raises(ValueError, match=rf"data\.{key} must be a positive integer, got {given}"):
-        _instantiate_plain(cfg.data)
+        _instantiate_plain(cfg.data, "data")
 
 
 def test_a_whole_number_written_as_a_float_is_accepted_as_a_batch_size():

@@ -295,13 +295,13 @@ def test_the_config_yaml_a_run_writes_passes(tmp_path):
 @pytest.mark.parametrize(
     "override, named",
     [
-        ("trainer.max_epochs=[1,2]", "trainer.max_epochs=[1, 2] (list) must be an integer"),
+        ("trainer.max_epochs=[1,2]", "trainer.max_epochs=[1, 2] (list) must be auto or an integer"),
         ("data.mean=[nan]", "data.mean=[nan] (list) must be a list of 1 to 4 finite numbers"),
         ("data.std=[0.5,0]", "data.std=[0.5, 0] (list) must be a list of 1 to 4 finite numbers above 0"),
         ("data.mean=0.5", "data.mean=0.5 (float) must be a list"),
         ("model.optimizer.lr=nan", "model.optimizer.lr=nan (float) must be a finite number"),
         ("model.optimizer.weight_decay=inf", "model.optimizer.weight_decay=inf (float) must be a finite number"),
-        ("data.batch_size=[64]", "data.batch_size=[64] (list) must be an integer"),
+        ("data.batch_size=[64]", "data.batch_size=[64] (list) must be auto or an integer"),
     ],
 )
 def test_train_names_a_value_of_the_wrong_type_and_exits_1_before_anything(tmp_path, capsys, override, named):

@@ -24,6 +24,7 @@ from linvit.train.data.augment import guard_transform
 from linvit.train.data.auto_size import DEFAULT_MULTIPLE, MAX_AUTO_SIZE, auto_img_size
 from linvit.train.data.datamodule_base import ClassificationDataModule
 from linvit.train.data.datasets import DataUnavailableError, held_out_per_class
+from linvit.train.data.folder_auto import FolderAutoValues, take_auto_options
 from linvit.train.data.folder_scan import FolderLayoutError
 from linvit.train.data.hparams import make_hparams_plain
 from linvit.train.data.image_folder import (
@@ -102,13 +103,15 @@ class TimmTransformDataModule(ClassificationDataModule):
         return config
 
 
-class ImageFolderDataModule(TimmTransformDataModule):
+class ImageFolderDataModule(FolderAutoValues, TimmTransformDataModule):
     """ImageNet layout: ``root/train/<class>/<image>`` and ``root/val/<class>/<image>`` (``root/test`` if present).
 
     Any format PIL reads; RGBA/palette images composited on white, greyscale converted to ``in_chans``.
 
     Args:
         root: dataset folder.
+        num_classes: the number of classes, or ``"auto"``: the class folders of ``root/train`` (a number given must
+            match them).
         img_size: input side in pixels, or ``"auto"``: the median shorter side of (up to 256 of) the training
             images, rounded to a multiple of ``size_multiple`` and at most 224 (the training entry passes the
             model's stride; see :mod:`linvit.train.data.auto_size`).
@@ -129,13 +132,16 @@ class ImageFolderDataModule(TimmTransformDataModule):
             its report: counts, unreadable files, duplicates across splits, sizes and modes (decodes every image
             once; off by default). The images per split and class are logged either way.
         kwargs: timm's transform options (:class:`TimmTransformDataModule`: ``auto_augment``, ``re_prob``,
-            ``scale`` ...) and those of :class:`ClassificationDataModule`.
+            ``scale`` ...) and those of :class:`ClassificationDataModule`. ``batch_size``, ``drop_last``,
+            ``auto_augment``, ``scale`` and ``re_prob`` also take ``"auto"``: sized to the training images
+            (:mod:`linvit.train.data.auto_recipe`; the training entry chooses them before building the model, else
+            :meth:`setup` does).
     """
 
     def __init__(
         self,
         root: str | os.PathLike,
-        num_classes: int,
+        num_classes: int | str,
         img_size: int | str = 224,
         test_fraction: float = 0.1,
         split_seed: int = 0,
@@ -146,7 +152,12 @@ class ImageFolderDataModule(TimmTransformDataModule):
         **kwargs: Any,
     ):
         auto = img_size == AUTO
-        super().__init__(num_classes=num_classes, img_size=1 if auto else img_size, **kwargs)
+        options = {**kwargs, "num_classes": num_classes}  # kwargs itself stays as given: the hyper-parameters
+        auto_options = take_auto_options(options)
+        options.setdefault("num_classes", 2)  # until choose_num_classes() has counted the class folders
+        super().__init__(img_size=1 if auto else img_size, **options)
+        self.auto_options = auto_options  # the options still "auto" (folder_auto.py resolves them)
+        self._training_images: int | None = None
         if bad_files not in BAD_FILE_MODES:
             raise ValueError(f"data.bad_files must be one of {BAD_FILE_MODES}, got {bad_files!r}.")
         if self.num_classes < 2:  # torchmetrics would fail deep inside the model's construction
@@ -202,6 +213,7 @@ class ImageFolderDataModule(TimmTransformDataModule):
         if self.train_set is not None:
             return
         self.choose_img_size()
+        self.choose_auto_values()
         if self.check and (self.trainer is None or self.trainer.is_global_zero):
             self._log_data_check()
         train = self._folder("train", train=True)

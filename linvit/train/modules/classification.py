@@ -19,6 +19,7 @@ from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
 
 from linvit.models import check_model_name
+from linvit.train.data.auto_recipe import capped_warmup_steps, too_few_steps_advice
 from linvit.train.data.hparams import make_hparams_plain
 from linvit.train.modules.recipe import WarmupCosine, merge_options
 
@@ -36,6 +37,7 @@ OPTIMIZER_DEFAULTS: dict[str, Any] = {
 SCHEDULER_DEFAULTS: dict[str, Any] = {
     "sched": "cosine",  # "cosine" or "constant" (after warm-up)
     "warmup_epochs": 1.0,
+    "max_warmup_fraction": None,  # None: warmup_epochs as given; f: at most this share of the run's optimizer steps
     "warmup_lr": 1e-6,
     "min_lr": 1e-5,
 }
@@ -60,7 +62,9 @@ class ImageClassifier(LightningModule):
         pretrained: load the model's pretrained weights (needs them locally or the internet).
         optimizer: ``opt`` (timm name), ``lr``, ``lr_base_size``, ``weight_decay``, ``momentum``, ``layer_decay``,
             ``filter_bias_and_bn``, plus any keyword the timm optimizer takes (``betas``, ``eps``).
-        scheduler: ``sched`` (cosine | constant), ``warmup_epochs`` (fractions allowed), ``warmup_lr``, ``min_lr``.
+        scheduler: ``sched`` (cosine | constant), ``warmup_epochs`` (fractions allowed), ``max_warmup_fraction``
+            (the warm-up at most this share of the run's optimizer steps, so a short run is not all warm-up; None:
+            no cap), ``warmup_lr``, ``min_lr``.
         label_smoothing: label smoothing of the cross-entropy (also applied inside mixup targets).
         mixup: timm ``Mixup`` options; active when ``mixup_alpha`` or ``cutmix_alpha`` > 0.
         ema: ``enabled``, ``decay``, ``warmup`` (timm's decay warm-up), ``evaluate`` (validate/test EMA weights).
@@ -216,7 +220,8 @@ class ImageClassifier(LightningModule):
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         steps_per_epoch = max(1, total_steps // max_epochs)
-        warmup_steps = min(total_steps - 1, int(round(self.scheduler_cfg["warmup_epochs"] * steps_per_epoch)))
+        configured = int(round(self.scheduler_cfg["warmup_epochs"] * steps_per_epoch))
+        warmup_steps = capped_warmup_steps(configured, total_steps, self.scheduler_cfg["max_warmup_fraction"])
         schedule = WarmupCosine(
             total_steps=total_steps,
             warmup_steps=max(0, warmup_steps),
@@ -233,8 +238,18 @@ class ImageClassifier(LightningModule):
                 total_steps,
                 warmup_steps,
             )
+            advice = too_few_steps_advice(total_steps) if not self._shortened_on_purpose() else None
+            if advice:
+                _log.warning(advice)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _shortened_on_purpose(self) -> bool:
+        """A run cut short by the trainer's own options (fast_dev_run, limit_train_batches, max_steps): a test or a
+        check, not a training run to warn about."""
+        trainer = self.trainer
+        limit = getattr(trainer, "limit_train_batches", 1.0)
+        return bool(getattr(trainer, "fast_dev_run", False)) or limit != 1.0 or getattr(trainer, "max_steps", -1) > 0
 
 
 class SpawnableModelEma(ModelEmaV3):

@@ -69,6 +69,10 @@ IMAGE_SIZE = Wanted(
     lambda value: value == "auto" or _is_int(value) or _numbers(2, 2, _is_int)(value),
 )
 WORKERS = Wanted("auto or an integer", lambda value: value == "auto" or _is_int(value))
+AUTO_OR_INTEGER = WORKERS
+AUTO_OR_SWITCH = Wanted("auto, true or false", lambda value: value == "auto" or isinstance(value, bool))
+AUTO_OR_NUMBER = Wanted("auto or a finite number", lambda value: value == "auto" or _is_number(value))
+AUTO_OR_RANGE = Wanted("auto or a list of two finite numbers", lambda value: value == "auto" or RANGE.accepts(value))
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT), as text or as the numbers it also takes
 _PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
                "32-true", "64-true", "64", "32", "16", "bf16")  # fmt: skip
@@ -85,13 +89,15 @@ CONFIG_TYPES: dict[str, Wanted] = {
     # the run
     "seed": INTEGER.or_null(),
     "train": SWITCH,
+    "auto.target_steps": INTEGER,
+    "auto.epochs": INTEGER,
     "test": SWITCH,
     "resume": SWITCH,
     "trust_checkpoint": SWITCH,
     "export.enabled": SWITCH,
     "export.ema": SWITCH,
     # Lightning's Trainer
-    "trainer.max_epochs": INTEGER.or_null(),
+    "trainer.max_epochs": AUTO_OR_INTEGER.or_null(),
     "trainer.precision": PRECISION.or_null(),
     "trainer.min_epochs": INTEGER.or_null(),
     "trainer.max_steps": INTEGER,
@@ -111,7 +117,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "trainer.enable_checkpointing": SWITCH.or_null(),
     "trainer.sync_batchnorm": SWITCH,
     # the models (ImageClassifier, SegmentationModule)
-    "model.num_classes": INTEGER,
+    "model.num_classes": AUTO_OR_INTEGER,  # ${data.num_classes}: a folder's count, chosen before the model is built
     "model.in_chans": INTEGER,
     "model.pretrained": SWITCH,
     "model.channels": INTEGER,
@@ -124,6 +130,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "model.optimizer.momentum": NUMBER.or_null(),
     "model.optimizer.backbone_lr_mult": NUMBER,
     "model.scheduler.warmup_epochs": NUMBER,
+    "model.scheduler.max_warmup_fraction": NUMBER.or_null(),
     "model.scheduler.warmup_lr": NUMBER,
     "model.scheduler.min_lr": NUMBER,
     "model.scheduler.warmup_fraction": NUMBER,
@@ -140,15 +147,15 @@ CONFIG_TYPES: dict[str, Wanted] = {
     **{f"{kwargs}.in_chans": INTEGER for kwargs in _MODEL_KWARGS},
     **{f"{kwargs}.num_classes": INTEGER for kwargs in _MODEL_KWARGS},
     # the DataModules (their own checks name ranges: a batch size of 0, a fraction above 1)
-    "data.num_classes": INTEGER,
+    "data.num_classes": AUTO_OR_INTEGER,
     "data.in_chans": INTEGER,
     "data.img_size": IMAGE_SIZE.or_null(),
-    "data.batch_size": INTEGER,
+    "data.batch_size": AUTO_OR_INTEGER,
     "data.eval_batch_size": INTEGER.or_null(),
     "data.num_workers": WORKERS,
     "data.pin_memory": SWITCH,
     "data.persistent_workers": SWITCH,
-    "data.drop_last": SWITCH,
+    "data.drop_last": AUTO_OR_SWITCH,
     "data.download": SWITCH,
     "data.augment": SWITCH,
     "data.check": SWITCH,
@@ -157,11 +164,11 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "data.val_size": INTEGER,
     "data.val_fraction": NUMBER,
     "data.test_fraction": NUMBER,
-    "data.re_prob": NUMBER,
+    "data.re_prob": AUTO_OR_NUMBER,
     "data.color_jitter": NUMBER.or_null(),
     "data.hflip": NUMBER_OR_SWITCH,
     "data.crop_pct": NUMBER.or_null(),
-    "data.scale": RANGE,
+    "data.scale": AUTO_OR_RANGE,
     "data.scale_range": RANGE,
     "data.mean": CHANNEL_MEANS,
     "data.std": CHANNEL_STDS,

@@ -155,6 +155,80 @@ def _choose_img_size(cfg: DictConfig, datamodule: Any) -> None:
     cfg.data.img_size = datamodule.choose_img_size(stride)
 
 
+def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
+    """The ``auto`` values of folder data (``data.num_classes``, ``batch_size``, ``drop_last``, the augmentation) and
+    ``trainer.max_epochs=auto``, chosen before the model and the trainer are built and written into ``cfg`` (so the
+    run's saved config.yaml holds the numbers); each is logged with its reason (:mod:`linvit.train.data.auto_recipe`).
+    """
+    from linvit.train.data.auto_recipe import EPOCHS_OF_KNOWN_DATA, TARGET_STEPS, auto_max_epochs, steps_per_epoch
+    from linvit.train.data.folder_scan import FolderLayoutError
+
+    processes = _processes(cfg.trainer)
+    saved = _saved_choices(cfg)
+    if hasattr(datamodule, "take_chosen_values") and saved:
+        data = saved.get("data") if isinstance(saved.get("data"), dict) else {}
+        for key, value in datamodule.take_chosen_values(data, "as the run chose when it began: resuming").items():
+            cfg.data[key] = value
+    if hasattr(datamodule, "choose_num_classes"):
+        try:
+            cfg.data.num_classes = datamodule.choose_num_classes()
+        except FolderLayoutError:
+            raise
+        except ValueError as error:  # a number given that disagrees with the folders: both named
+            raise ConfigValueError(str(error)) from None
+        batch_size, drop_last = datamodule.choose_batch_size(processes, even_batches=_mixup_on(cfg.get("model")))
+        cfg.data.batch_size, cfg.data.drop_last = batch_size, drop_last
+        for key, value in datamodule.choose_augmentation().items():
+            cfg.data[key] = value
+    if cfg.trainer.get("max_epochs") != "auto":
+        return
+    auto = cfg.get("auto") or {}
+    before = (saved.get("trainer") or {}).get("max_epochs") if isinstance(saved.get("trainer"), dict) else None
+    if isinstance(before, int) and not isinstance(before, bool) and before > 0:
+        epochs, reason = before, "as the run chose when it began: resuming"
+    elif hasattr(datamodule, "training_images"):
+        images = datamodule.training_images()
+        steps = steps_per_epoch(images, datamodule.batch_size * processes, datamodule.drop_last)
+        epochs, reason = auto_max_epochs(steps, int(auto.get("target_steps", TARGET_STEPS)))
+    else:  # data of a known size, with a tuned recipe
+        epochs = int(auto.get("epochs", EPOCHS_OF_KNOWN_DATA))
+        reason = f"auto.epochs for {type(datamodule).__name__}, whose size the recipe knows"
+    cfg.trainer.max_epochs = epochs
+    _log.info("trainer.max_epochs=auto: %d (%s)", epochs, reason)
+
+
+def _saved_choices(cfg: DictConfig) -> dict[str, Any]:
+    """The saved config.yaml of the run this one resumes in its own directory (``resume: true`` and its
+    ``last.ckpt``), read within bounds, as plain data; empty otherwise (or when it cannot be read: chosen again)."""
+    from linvit.io.bounded import read_yaml
+
+    output_dir = Path(str(cfg.paths.output_dir))
+    if cfg.get("ckpt_path") or not cfg.get("resume", True) or not (output_dir / "checkpoints" / "last.ckpt").is_file():
+        return {}
+    try:
+        saved = read_yaml(output_dir / "config.yaml", what="run config")
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _processes(trainer_cfg: DictConfig) -> int:
+    """Devices x nodes x gradient accumulation: the factor from a DataModule's batch to the optimizer's (devices
+    other than a number or a list of them count as one)."""
+    devices = trainer_cfg.get("devices", 1)
+    count = len(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else devices
+    count = count if isinstance(count, int) and count > 0 else 1
+    nodes = trainer_cfg.get("num_nodes", 1)
+    accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
+    return count * (nodes if isinstance(nodes, int) and nodes > 0 else 1) * (accumulate if accumulate > 0 else 1)
+
+
+def _mixup_on(model_cfg: Any) -> bool:
+    """Mixup or cutmix configured (they need even batches)."""
+    mixup = (model_cfg or {}).get("mixup") or {}
+    return bool(mixup.get("mixup_alpha", 0) or mixup.get("cutmix_alpha", 0))
+
+
 def _sync_batchnorm_only_on_gpus(trainer_cfg: DictConfig) -> None:
     """``trainer=ddp`` syncs BatchNorm statistics across GPUs; on the CPU (gloo) Lightning refuses it: turn it off.
 
@@ -295,6 +369,7 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     # plain Python containers (no omegaconf ListConfig) in the hyper-parameters, so checkpoints load weights_only
     datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data, "data")
     _choose_img_size(cfg, datamodule)
+    _choose_auto_values(cfg, datamodule)
     model: pl.LightningModule = _instantiate_plain(cfg.model, "model")
     _check_model_matches_data(model, datamodule)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])

@@ -127,3 +127,14 @@ def test_mixup_cutmix_step_under_precision(precision):
     trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=_loader())
     loss = float(trainer.callback_metrics["train/loss_step"])
     assert math.isfinite(loss) and loss > 0
+
+
+def test_the_warm_up_is_capped_at_a_share_of_the_run():
+    """One epoch of 55 steps with warmup_epochs=1: 54 steps of warm-up before; 6 with max_warmup_fraction=0.1."""
+    for fraction, warmup in ((None, 54), (0.1, 6)):
+        module = ImageClassifier(
+            "test_resnet", num_classes=3, scheduler={"warmup_epochs": 1, "max_warmup_fraction": fraction}
+        )
+        _attach_fake_trainer(module, steps=55, epochs=1)
+        schedule = module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
+        assert schedule.warmup_steps == warmup and schedule.total_steps == 55

@@ -1,0 +1,130 @@
+"""The rules behind the ``auto`` training values of folder data: batch size, ``drop_last``, epochs, augmentation.
+
+A recipe sized for ImageNet (batch 128, 20 epochs, RandAugment m9, crops down to 8% of the image) gave a 3-class,
+40-images-per-class folder one optimizer step per epoch and an accuracy at chance. These rules size the run to the
+data instead; each returns the value and the reason, which the training log prints (one line each).
+
+- batch size: at most 1/8 of the training images (at least 8 steps per epoch), a power of two between 8 and 128;
+- ``drop_last``: only when the last, incomplete batch is at most 2% of the training images or under a quarter of a
+  batch;
+- epochs: enough whole epochs for ``target_steps`` optimizer steps (default 1,000), at most 300 (data that is not a
+  folder, whose recipe is tuned to it: ``auto.epochs``, 20);
+- warm-up: as configured, at most ``scheduler.max_warmup_fraction`` of the run's optimizer steps (10%);
+- augmentation: gentler for small images (< 64 px) and few images (< 2,000), where heavy augmentation keeps a
+  small set from being learnt.
+
+Every explicit value wins: these only replace the value ``auto``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+MIN_AUTO_BATCH = 8
+MAX_AUTO_BATCH = 128
+MIN_STEPS_PER_EPOCH = 8
+MAX_DROPPED_SHARE = 0.02
+TARGET_STEPS = 1000
+MAX_AUTO_EPOCHS = 300
+EPOCHS_OF_KNOWN_DATA = 20  # trainer.max_epochs=auto for data that is not a folder (digits, CIFAR): their recipe's
+FEW_LEARNING_STEPS = 200  # fewer optimizer steps than this: a model trained from scratch has hardly begun
+SMALL_IMAGE = 64
+FEW_IMAGES = 2000
+
+
+class Choice(NamedTuple):
+    """An ``auto`` value and why it was chosen (for the log)."""
+
+    value: Any
+    reason: str
+
+
+def auto_batch_size(train_images: int, processes: int = 1) -> Choice:
+    """Images per device per step: the largest power of two with at least 8 steps per epoch, within [8, 128].
+
+    ``processes``: devices x nodes x gradient accumulation, which multiply the batch into the optimizer's.
+    """
+    processes = max(1, int(processes))
+    per_step = max(1, train_images // MIN_STEPS_PER_EPOCH) // processes
+    batch = 2 ** int(math.log2(per_step)) if per_step >= 1 else 1
+    batch = min(MAX_AUTO_BATCH, max(MIN_AUTO_BATCH, batch))
+    effective = batch * processes
+    reason = (
+        f"{train_images} training images: at most 1/{MIN_STEPS_PER_EPOCH} of them per optimizer step, a power of "
+        f"two from {MIN_AUTO_BATCH} to {MAX_AUTO_BATCH}; {steps_per_epoch(train_images, effective, False)} steps per "
+        "epoch"
+    )
+    return Choice(batch, reason + (f" (x{processes} processes/accumulation)" if processes > 1 else ""))
+
+
+def auto_drop_last(train_images: int, effective_batch: int, even_batches: bool = False) -> Choice:
+    """Drop the last, incomplete batch only when it holds at most 2% of the training images, or is under a quarter of
+    a batch (a stub of a step; BatchNorm refuses a batch of one), or has an odd size and ``even_batches`` (mixup and
+    cutmix need one)."""
+    left = train_images % effective_batch if train_images >= effective_batch else 0
+    share = left / max(1, train_images)
+    if left == 0:
+        return Choice(True, "the batches fill the training set: nothing to drop")
+    if share <= MAX_DROPPED_SHARE:
+        return Choice(True, f"the last batch of {left} images is {100 * share:.1f}% of the training set")
+    if left < max(2, effective_batch // 4):
+        return Choice(True, f"the last batch of {left} image(s) is under a quarter of a batch")
+    if even_batches and left % 2:
+        return Choice(True, f"mixup/cutmix need even batches: the last one, of {left} images, is dropped")
+    return Choice(False, f"the last batch of {left} images is {100 * share:.1f}% of the training set: kept")
+
+
+def steps_per_epoch(train_images: int, effective_batch: int, drop_last: bool) -> int:
+    """Optimizer steps in one pass over ``train_images`` (the loaders never drop a set smaller than a batch)."""
+    if drop_last and train_images >= effective_batch:
+        return train_images // effective_batch
+    return max(1, math.ceil(train_images / effective_batch))
+
+
+def auto_max_epochs(steps: int, target_steps: int = TARGET_STEPS) -> Choice:
+    """Whole epochs for at least ``target_steps`` optimizer steps at ``steps`` per epoch, at most 300."""
+    target_steps = max(1, int(target_steps))
+    epochs = min(MAX_AUTO_EPOCHS, max(1, math.ceil(target_steps / max(1, steps))))
+    reason = f"{epochs * steps} optimizer steps at {steps} per epoch (auto.target_steps={target_steps}"
+    reason += f", at most {MAX_AUTO_EPOCHS} epochs)" if epochs == MAX_AUTO_EPOCHS else ")"
+    return Choice(epochs, reason)
+
+
+def capped_warmup_steps(configured: int, total_steps: int, max_share: float | None) -> int:
+    """The warm-up in optimizer steps: as configured, at most ``max_share`` of the run (None: no cap), and always
+    fewer steps than the run has."""
+    steps = max(0, int(configured))
+    if max_share is not None:
+        steps = min(steps, math.ceil(float(max_share) * total_steps))
+    return max(0, min(steps, total_steps - 1))
+
+
+def auto_augmentation(img_size: int, train_images: int) -> Choice:
+    """RandAugment, random-resized-crop scale and random erasing for the image size and count: ``{key: value}``.
+
+    light (small images and few of them, or under 500 images): RandAugment m3, crops of at least 50%, no erasing;
+    medium (small images or few of them): m6, crops of at least 25%, erasing 0.1; full (otherwise): timm's ImageNet
+    recipe, m9, crops from 8%, erasing 0.25.
+    """
+    small, few = img_size < SMALL_IMAGE, train_images < FEW_IMAGES
+    if (small and few) or train_images < 500:
+        tier, values = "light", {"auto_augment": "rand-m3-mstd0.5-inc1", "scale": [0.5, 1.0], "re_prob": 0.0}
+    elif small or few:
+        tier, values = "medium", {"auto_augment": "rand-m6-mstd0.5-inc1", "scale": [0.25, 1.0], "re_prob": 0.1}
+    else:
+        tier, values = "full", {"auto_augment": "rand-m9-mstd0.5-inc1", "scale": [0.08, 1.0], "re_prob": 0.25}
+    why = f"{img_size} px ({'under' if small else 'at least'} {SMALL_IMAGE}), {train_images} training images "
+    why += f"({'under' if few else 'at least'} {FEW_IMAGES}): {tier}"
+    return Choice(values, why)
+
+
+def too_few_steps_advice(total_steps: int) -> str | None:
+    """A warning for a run of fewer optimizer steps than a model learns in, naming the options; None if enough."""
+    if total_steps >= FEW_LEARNING_STEPS:
+        return None
+    return (
+        f"this run takes {total_steps} optimizer steps: a model trained from scratch learns little in fewer than "
+        f"~{FEW_LEARNING_STEPS}. Set trainer.max_epochs=auto (folder data: sized to auto.target_steps) or a larger "
+        "trainer.max_epochs, or a smaller data.batch_size (or data.batch_size=auto)."
+    )
