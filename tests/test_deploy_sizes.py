@@ -82,7 +82,8 @@ def test_a_program_runs_at_its_export_size_and_from_the_smallest_size_it_claims(
 def test_a_model_below_its_dynamic_range_is_exported_static_at_its_size_and_says_so():
     model = Stride32(native=32).eval()  # the quick-start run's size: its last map is one token
     program, static = _export(model)
-    assert len(static) == 1 and "static at the native size 32x32" in static[0] and "from 64x64 up" in static[0]
+    assert len(static) == 1 and static[0].startswith("height and width static at the native size 32x32")
+    assert "from 64x64 up" in static[0]
     sizes = program_sizes(program)
     assert sizes.static and sizes == (32, 32, 32, 32) and sizes.describe() == "height and width static at 32x32"
     loaded = _loaded(program)
@@ -117,8 +118,8 @@ def test_the_smallest_size_is_where_every_guard_holds(monkeypatch):
 @pytest.mark.parametrize("native", [32, 64])
 def test_linvit_nano_program_runs_at_a_runs_size(native):
     """linvit_nano as `linvit export <run> --format pt2` builds it for a run at ``native`` px (its pretrained cfg
-    holds the run's input size): at 32 its last map is one token, below the dynamic range (33 up), so static; at 64
-    dynamic from 33."""
+    holds the run's input size): at 32 its last map is one token, below the dynamic range (33 up), so static, and at
+    batch 1 (ops on one-token maps ask whether the batch is 1); at 64 dynamic from 33."""
     import timm
 
     import linvit  # noqa: F401
@@ -128,9 +129,10 @@ def test_linvit_nano_program_runs_at_a_runs_size(native):
     program, static = _export(model)
     sizes = program_sizes(program)
     loaded = _loaded(program)
-    _assert_matches(loaded, model, (native, native))
+    _assert_matches(loaded, model, (native, native), batch=1)
     if native == 32:
         assert sizes == (32, 32, 32, 32) and "from 33x33 up" in static[0]
+        assert static[0].startswith("batch 1, height and width static at the native size 32x32")
     else:
         assert static == [] and sizes == (33, None, 33, None)
         for size in [(33, 33), (40, 57), (96, 160)]:

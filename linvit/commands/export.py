@@ -211,11 +211,10 @@ def _export_graph(args: argparse.Namespace) -> int:
             warnings.simplefilter("always", StaticSizeWarning)
             program = export_program(model)
         path = save_program(program, out, force=args.force, inputs=inputs)
-        accepted = program_sizes(program)
-        sizes = f"batch dynamic, {accepted.describe()}"
+        sizes = f"batch dynamic, {program_sizes(program).describe()}"
         static = [str(w.message) for w in caught if issubclass(w.category, StaticSizeWarning)]
         if static:  # traced at the native size, static there
-            sizes += f" ({static[0].split(': ', 1)[-1]}; --format onnx serves every size)"
+            sizes = f"{static[0]}; --format onnx serves every size"
             traced = f"{height}x{width}"
         for other in (w for w in caught if not issubclass(w.category, StaticSizeWarning)):
             warnings.showwarning(other.message, other.category, other.filename, other.lineno)

@@ -119,13 +119,13 @@ def _export_settings() -> Iterator[None]:
         yield
 
 
-def _example_input(model: nn.Module, size: tuple[int, int] | None) -> torch.Tensor:
+def _example_input(model: nn.Module, size: tuple[int, int] | None, batch: int = 2) -> torch.Tensor:
     height, width = size or example_size(model)
     parameter = next(iter(model.parameters()), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
     generator = torch.Generator().manual_seed(0)
-    return torch.randn(2, input_channels(model), height, width, generator=generator).to(device=device, dtype=dtype)
+    return torch.randn(batch, input_channels(model), height, width, generator=generator).to(device=device, dtype=dtype)
 
 
 def export_program(model: nn.Module, size: tuple[int, int] | None = None) -> torch.export.ExportedProgram:
@@ -137,8 +137,8 @@ def export_program(model: nn.Module, size: tuple[int, int] | None = None) -> tor
 
     Two traces: the first, with height and width ``Dim.DYNAMIC``, records the guards that set the smallest size the
     program takes; the second states that range (named ``Dim``s, which ``torch.export`` checks against every guard).
-    Where the native size lies below it, the second trace is static at the native size (batch still dynamic), and a
-    :class:`StaticSizeWarning` says so.
+    Where the native size lies below it, the second trace is static at the native size, the batch dynamic where the
+    program's guards allow a batch of 1 and else 1 too (a third trace), and a :class:`StaticSizeWarning` says so.
     """
     import warnings
 
@@ -151,27 +151,38 @@ def export_program(model: nn.Module, size: tuple[int, int] | None = None) -> tor
         return probe
     if native[0] >= smallest[0] and native[1] >= smallest[1]:
         try:
-            return _trace(model, size, dynamic_shapes(smallest))
+            program = _trace(model, size, dynamic_shapes(smallest))
         except UserError as error:  # a guard the search did not see refuses part of the range
             reason = f"torch.export refused the range from {_size_text(smallest)} up ({str(error).splitlines()[0]})"
+        else:
+            sizes = [native, smallest, (smallest[0] + 7, smallest[1] + 20)]
+            if all(_guards_pass(program, batch, *side) for batch in (1, 2) for side in sizes):
+                return program
+            reason = f"its guards refuse part of the range from {_size_text(smallest)} up"
     else:
         reason = f"a program of {type(model).__name__} is dynamic from {_size_text(smallest)} up only"
-    warnings.warn(
-        f"height and width static at the native size {_size_text(native)} (batch dynamic): {reason}",
-        StaticSizeWarning,
-        stacklevel=2,
-    )
-    return _trace(model, native, ({0: dynamic_shapes()[0][0]},))
+    batch = dynamic_shapes()[0][0]
+    program = _trace(model, native, ({0: batch},), static=True)
+    if not _guards_pass(program, 1, *native):  # a map of one token makes ops ask whether the batch is 1
+        program = _trace(model, native, ({},), static=True, batch=1)
+    sides = "batch 1, height and width" if _input_shape(program)[0] == 1 else "height and width"
+    warnings.warn(f"{sides} static at the native size {_size_text(native)}: {reason}", StaticSizeWarning, stacklevel=2)
+    return program
 
 
 def _trace(
-    model: nn.Module, size: tuple[int, int] | None, shapes: tuple[dict[int, Any]]
+    model: nn.Module,
+    size: tuple[int, int] | None,
+    shapes: tuple[dict[int, Any]],
+    static: bool = False,
+    batch: int = 2,
 ) -> torch.export.ExportedProgram:
     model.eval()
-    example = _example_input(model, size)
+    example = _example_input(model, size, batch)
     # A convolution of a channels-last (or other strided) input makes torch.export specialise the batch size (its
     # memory-format choice asks whether the batch is 1): convolutions see dense inputs while it traces.
-    hooks = [m.register_forward_pre_hook(_dense_input) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    dense = _standard_strides_input if static else _dense_input
+    hooks = [m.register_forward_pre_hook(dense) for m in model.modules() if isinstance(m, nn.Conv2d)]
     try:
         with _export_settings():
             return torch.export.export(model, (example,), dynamic_shapes=shapes)
@@ -205,6 +216,19 @@ class _AnyInput(dict):
         return self.value
 
 
+def _guards_pass(program: torch.export.ExportedProgram, batch: int, height: int, width: int) -> bool:
+    """Whether an input of (batch, C, height, width) passes the guards the program checks (True where this torch
+    exposes none)."""
+    import math
+
+    guards = getattr(program, "_guards_code", None)
+    if not guards:
+        return True
+    sizes = _Sizes((batch, _input_shape(program)[1], height, width))
+    names = {"L": _AnyInput(sizes), "torch": torch, "math": math}
+    return all(eval(guard, names) for guard in guards)  # noqa: S307  (the guards torch.export wrote, not input)
+
+
 def _smallest_dynamic_size(program: torch.export.ExportedProgram) -> tuple[int, int] | None:
     """The smallest (H, W) from which every (h, w) up to :data:`SEARCH_LIMIT` passes the program's guards (the second
     trace checks the whole range), or None where the program keeps no guards this torch exposes or none passes.
@@ -220,10 +244,10 @@ def _smallest_dynamic_size(program: torch.export.ExportedProgram) -> tuple[int, 
     if not guards:
         return 1, 1
     check = compile(" and ".join(f"({guard})" for guard in guards), "<guards>", "eval")
-    batch, channels = 1, _input_shape(program)[1]
+    channels = _input_shape(program)[1]
 
     def passes(height: int, width: int) -> bool:
-        names = {"L": _AnyInput(_Sizes((batch, channels, height, width))), "torch": torch, "math": math}
+        names = {"L": _AnyInput(_Sizes((1, channels, height, width))), "torch": torch, "math": math}
         return bool(eval(check, names))  # noqa: S307  (the guards torch.export wrote, not input)
 
     limit = SEARCH_LIMIT
@@ -283,6 +307,13 @@ def program_sizes(program: torch.export.ExportedProgram) -> ProgramSizes:
 
 def _dense_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (args[0].contiguous(), *args[1:])
+
+
+def _standard_strides_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """For a static trace: a map of 1x1 tokens in channels-last memory counts as contiguous (its strides along the
+    size-1 sides do not matter), so ``contiguous()`` keeps its strides, and the convolution's memory-format choice
+    then asks whether the batch is 1. A copy in the standard strides asks nothing."""
+    return (args[0].clone(memory_format=torch.contiguous_format), *args[1:])
 
 
 def save_program(
