@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default="safetensors",
-        help="safetensors: timm weights + config.json (runs only); onnx: an ONNX file; pt2: a torch.export program "
-        "(default: safetensors)",
+        help="safetensors: timm weights + config.json (runs only); onnx: one ONNX file (weights over ONNX's 2 GB go "
+        "to <file>.data beside it, and both are named); pt2: a torch.export program (default: safetensors)",
     )
     parser.add_argument(
         "--model",
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="safetensors: output folder (default: the run directory); onnx/pt2: output file (default: "
-        "<run>/model.onnx or <NAME>.onnx in the current folder, .pt2 likewise)",
+        "<run>/model.onnx or <NAME>.onnx in the current folder, .pt2 likewise; onnx over 2 GB adds <file>.data)",
     )
     parser.add_argument(
         "--force",
@@ -172,7 +172,18 @@ def check_run_config(checkpoint: Path, trusted: bool) -> str | None:
 
 
 def _export_graph(args: argparse.Namespace) -> int:
-    from linvit.utils.deploy import example_size, export_onnx, export_program, native_size, save_program
+    import warnings
+
+    from linvit.utils.deploy import (
+        StaticSizeWarning,
+        example_size,
+        export_onnx,
+        export_program,
+        native_size,
+        onnx_data_file,
+        program_sizes,
+        save_program,
+    )
     from linvit.utils.progress import Progress
 
     if (args.run is None) == (args.model is None):
@@ -191,19 +202,34 @@ def _export_graph(args: argparse.Namespace) -> int:
 
     check_not_input(out, *inputs)
     check_destination(out, args.format, force=args.force)  # refused before the export's minutes, not after
-    progress.step("tracing with torch.export (dynamic batch, height and width)", (2, 3))
-    program = export_program(model)
-    if args.format == "pt2":
-        progress.step(f"saving the program to {out}", (3, 3))
-        path = save_program(program, out, force=args.force, inputs=inputs)
-    else:
-        progress.step(f"converting to ONNX and writing {out} (the longest step: minutes for a large model)", (3, 3))
-        path = export_onnx(model, out, opset=args.opset, program=program, force=args.force, inputs=inputs)
     height, width = native_size(model)
     traced = "x".join(str(side) for side in example_size(model))
+    channels = getattr(model, "in_chans", 3)
+    if args.format == "onnx":
+        progress.step(f"converting to ONNX and writing {out} (the longest step: minutes for a large model)", (2, 3))
+        path = export_onnx(model, out, opset=args.opset, force=args.force, inputs=inputs)
+        progress.step(f"wrote {out}", (3, 3))
+        sizes = "batch/height/width dynamic"
+        data = onnx_data_file(path)
+        written = f"{path} (one file)" if data is None else f"{path} and {data} (weights over ONNX's 2 GB: keep both)"
+    else:
+        progress.step("tracing with torch.export (dynamic batch, height and width where the model allows)", (2, 3))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StaticSizeWarning)
+            program = export_program(model)
+        progress.step(f"saving the program to {out}", (3, 3))
+        path = save_program(program, out, force=args.force, inputs=inputs)
+        sizes = f"batch dynamic, {program_sizes(program).describe()}"
+        static = [str(w.message) for w in caught if issubclass(w.category, StaticSizeWarning)]
+        if static:  # traced at the native size, static there
+            sizes = f"{static[0]}; --format onnx serves every size"
+            traced = f"{height}x{width}"
+        for other in (w for w in caught if not issubclass(w.category, StaticSizeWarning)):
+            warnings.showwarning(other.message, other.category, other.filename, other.lineno)
+        written = str(path)
     sys.stdout.write(
-        f"exported {source} as {args.format}: {path}\n"
-        f"  input 'image' (batch, {getattr(model, 'in_chans', 3)}, height, width), batch/height/width dynamic "
+        f"exported {source} as {args.format}: {written}\n"
+        f"  input 'image' (batch, {channels}, height, width), {sizes} "
         f"(native size {height}x{width}, traced at {traced}); attention on the torch backend (standard ops)\n"
     )
     return 0

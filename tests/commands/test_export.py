@@ -136,12 +136,31 @@ def test_export_command_writes_onnx_of_a_run(run_dir, tmp_path, capsys):
     pytest.importorskip("onnxscript", reason="the onnx extra (pip install 'linvit[onnx]')")
     out = tmp_path / "run.onnx"
     assert linvit_main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
-    assert str(out) in capsys.readouterr().out
+    assert f"{out} (one file)" in capsys.readouterr().out
+    assert not out.with_name("run.onnx.data").exists()
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     model = _trained_model(run_dir)
-    for batch, size in ((1, (40, 56)), (3, (64, 48))):
+    for batch, size in ((1, (32, 32)), (1, (40, 56)), (3, (64, 48))):  # the run's own size first
         x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(batch))
         with torch.no_grad():
             expected = model(x).numpy()
         got = session.run(None, {"image": x.numpy()})[0]
         assert got.shape == (batch, 10) and abs(got - expected).max() < 1e-4
+
+
+@pytest.mark.slow  # linvit_nano traced twice (~40 s on 2 shared cores); tests/test_deploy_sizes.py covers the logic
+def test_export_command_writes_a_pt2_of_a_run_that_runs_at_the_runs_size(run_dir, tmp_path, capsys):
+    """`linvit export RUN --format pt2` of a run at data.img_size=32 (the quick start's size): its last map is one
+    token, below the sizes a dynamic program of the model takes (33 up), so the program is static at 32x32 (its
+    one-token maps make ops ask whether the batch is 1: batch 1 too) and the command says so; loaded with
+    torch.export.load it gives the trained model's outputs there."""
+    out = tmp_path / "run.pt2"
+    assert linvit_main(["export", str(run_dir), "--format", "pt2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "batch 1, height and width static at the native size 32x32" in printed, printed
+    assert "from 33x33 up" in printed and "--format onnx serves every size" in printed, printed
+    program = torch.export.load(str(out)).module()
+    model = _trained_model(run_dir)
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), atol=1e-4, rtol=0)

@@ -50,6 +50,9 @@ SHELL_PLANS: dict[str, Plan] = {
     # Quick start
     "pip install -e . && python train.py": Plan(default="short", slow="whole"),
     'pip install -e ".[dev]" && pytest': Plan(why_not="CI's own command (.ci/run): pytest inside pytest"),
+    "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu": Plan(
+        why_not="downloads PyTorch; an install step, as CI's own (.ci/run installs the torch its machine has)"
+    ),
     # The authors' checkpoints
     "linvit convert flatten_swin_t.pth flatten_swin_t.safetensors": Plan(default="whole", slow="whole"),
     "linvit convert flatten_swin_t.pth flatten_swin_t/": Plan(default="whole", slow="whole"),
@@ -100,6 +103,9 @@ SHELL_PLANS: dict[str, Plan] = {
     'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx': Plan(
         slow="whole", why_not="~30 s; tests/commands/test_export.py and tests/test_deploy.py export in the default tier"
     ),
+    "linvit export outputs/digits_linvit_nano/<run> --format pt2": Plan(
+        slow="whole", why_not="~40 s of tracing; tests/test_deploy_sizes.py exports at 32 px in the default tier"
+    ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
         slow="whole", needs=WALLPAPER, why_not="linvit_tiny at 2560x1600"
@@ -123,18 +129,19 @@ SHELL_PLANS: dict[str, Plan] = {
     ),
 }
 
-# python blocks, by the start of their first statement that is not an import; what they need defined beforehand
-PYTHON_PLANS: dict[str, str] = {
-    'model = timm.create_model("linvit_tiny", num_classes=10)': "",
-    "model = timm.create_model(\n": "import timm, linvit",  # the authors' checkpoint (after the block above)
-    "x, hw = torch.randn(2, 37 * 53, 96), (37, 53)": "",
-    "attention = FocusedLinearAttention(96, 3, pos_size=(7, 9))": "",
-    'model = timm.create_model("local-dir:outputs/digits_linvit_nano/<run>", pretrained=True)': "",
-    'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])': "",
-    'backbone = create_feature_backbone("linvit_tiny")': "import torch; images = torch.randn(2, 3, 96, 128)",
-    'backbone = create_detection_backbone("linvit_tiny", out_channels=256)': "",
-    'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)': "",
-}
+# python blocks, by the start of their first statement that is not an import; each runs as written, alone in a fresh
+# namespace (nothing defined beforehand: a block that uses a name must import or define it itself)
+PYTHON_PLANS: tuple[str, ...] = (
+    'model = timm.create_model("linvit_tiny", num_classes=10)',
+    "model = timm.create_model(\n",  # the authors' checkpoint
+    "x, hw = torch.randn(2, 37 * 53, 96), (37, 53)",
+    "attention = FocusedLinearAttention(96, 3, pos_size=(7, 9))",
+    'model = timm.create_model("local-dir:outputs/digits_linvit_nano/<run>", pretrained=True)',
+    'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])',
+    "images = torch.rand(2, 3, 256, 384)",  # features of a batch
+    'backbone = create_detection_backbone("linvit_tiny", out_channels=256)',
+    'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)',
+)
 PYTHON_NEEDS = {
     'model = smp.Unet("tu-linvit_tiny", encoder_weights=None, classes=21)': "segmentation_models_pytorch",
     'session = ort.InferenceSession("linvit_nano.onnx", providers=["CPUExecutionProvider"])': "onnxruntime",
@@ -324,6 +331,8 @@ def _check(command: str, mode: str, code: int, out: str, err: str, workdir: Path
         assert "img_size: 24" in (run_dir / "config.yaml").read_text()
     if command == "linvit convert flatten_swin_t.pth flatten_swin_t/":
         _check_the_converted_folder(workdir, out)
+    if command == "linvit export outputs/digits_linvit_nano/<run> --format pt2":
+        _check_the_runs_program(workdir, out)
     if command.startswith("linvit eval") and command.endswith("--json"):
         import json
 
@@ -374,6 +383,15 @@ def _check_the_predictions(command: str, out: str, workdir: Path) -> None:
     else:  # the digits' class names are their digits: "class 3  3"
         lines = out.splitlines()
         assert len(lines) == 5 and all(line.split()[-1] == line.split()[-2] for line in lines), out
+
+
+def _check_the_runs_program(workdir: Path, out: str) -> None:
+    """The quick-start run's .pt2 runs at the run's 32x32 (static there, batch 1, as the command says)."""
+    import torch
+
+    assert "batch 1, height and width static at the native size 32x32" in out, out
+    program = torch.export.load(str(_newest_run(workdir / "outputs" / "digits_linvit_nano") / "model.pt2")).module()
+    assert program(torch.rand(1, 3, 32, 32)).shape == (1, 10)
 
 
 def _run_directory_files() -> list[str]:
@@ -478,5 +496,4 @@ def test_readme_python_block(key, workdir, request, monkeypatch):
     run = request.getfixturevalue("run_name") if "<run>" in block.text else None
     monkeypatch.chdir(workdir)
     namespace: dict = {"__name__": "__readme__"}
-    exec(compile(PYTHON_PLANS[key], "<prelude>", "exec"), namespace)
     exec(compile(_substitute(block.text, workdir, run), f"README.md:{block.line}", "exec"), namespace)
