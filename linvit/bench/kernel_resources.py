@@ -12,8 +12,12 @@ tile configuration of the autotune space, with the divisibility attributes a lau
 The cost figure counts, per kernel and for the configuration with the fewest instructions that does not spill
 (what autotune is expected to pick; on a GPU it measures), the dynamic warp-instructions per token (each SASS
 instruction weighted by the trip counts of its loops at the shape, × warps × programs, / B·N), programs, waves at
-the resident capacity, and a predicted time at 50% of the H200's issue rate. Exits with status 1 when a chosen
-configuration spills.
+the resident capacity, and a predicted time at 50% of the H200's issue rate. Beside it, every configuration's
+predicted time on an H200 (`cost_model.py`: the largest of issue, HBM and tensor-core time, from the instructions,
+bytes and MMA FLOPs counted in the SASS, `kernel_traffic.py`), the best and the worst per kernel, the torch ops
+traced around the fused ops (`torch_launches.py`), and timm's Swin window attention under the same model; the
+headline keys are issue 35's (`forward_ms`, `backward_ms`, `..._worst`, `window_..._ms`, `hbm_floor_..._ms`,
+launches, `max_spill_bytes_autotune_space`). Exits with status 1 when a chosen configuration spills.
 """
 
 from __future__ import annotations

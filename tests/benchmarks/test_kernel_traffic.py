@@ -150,6 +150,7 @@ _COMPILED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # three compiles for sm_90 in a child process: 10-40 s on shared cores
 @needs_triton
 def test_compiled_kernels_move_and_multiply_what_they_should(tmp_path):
     """A copy of 64 × 1024 fp32 reads and writes each element once: 2 × N × 4 bytes. A 64×64×64 tl.dot does 2·M·N·K
