@@ -6,7 +6,8 @@ become constants), and its cubin is disassembled with the ``nvdisasm`` that ship
 count weights each SASS instruction by the trip counts of the loops around it: a loop is a branch back to an earlier
 label, its trip counts come from the launch plan (per program, in program order), and where ptxas unrolled a loop
 (its body then holds U iterations' worth of global loads against one in the PTX loop) the body is weighted by
-trips / U. Each instruction is issued once per warp, so a program issues its weighted count × warps.
+trips / U. Each instruction is issued once per warp, so a program issues its weighted count × warps. The same
+weights count the bytes and tensor-core FLOPs of the launch (`kernel_traffic.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 import subprocess
 import tempfile
 
+from linvit.bench.kernel_traffic import Traffic, count_traffic
+
 # the H200 (sm_90): 132 SMs, 4 schedulers each issuing one warp-instruction per cycle at ~1.98 GHz
 H200_MULTIPROCESSORS = 132
 H200_ISSUE_RATE = 132 * 4 * 1.98e9  # warp-instructions per second, ~1.05e12
@@ -26,7 +29,8 @@ _PROGRAMS_PER_SM = 32
 _SHARED_PER_SM = 228 * 1024
 SHARED_PER_PROGRAM = 227 * 1024  # the most one program may allocate on sm_90: a launch asking more fails
 
-_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+# an opcode is upper case with dotted modifiers, of which wgmma's shape has a lower-case x (HGMMA.64x32x16.F32.BF16)
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)(.*?);")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _PTX_LABEL = re.compile(r"^(\$L__BB\d+_\d+):")
@@ -118,11 +122,10 @@ def match_unrolling(loops: list[Loop], sass_loads: list[int], ptx_loads: list[in
             loop.unroll = loads // ptx_loads[source]
 
 
-def dynamic_count(
-    instructions: list[Instruction], loops: list[Loop], trips: tuple[float, ...]
-) -> tuple[float, dict[str, float]]:
-    """Σ over instructions of the product of (trips / unroll) of the loops around it, and the same per opcode
-    family (the opcode before its first dot). ``trips`` gives one count per loop, in the order of `find_loops`."""
+def instruction_weights(instructions: list[Instruction], loops: list[Loop], trips: tuple[float, ...]) -> list[float]:
+    """How many times a program issues each instruction: the product of (trips / unroll) of the loops around it.
+    ``trips`` gives one count per loop, in the order of `find_loops`, or one per source loop (a remainder loop then
+    takes its unrolled loop's count)."""
     source_loops = [loop for loop in loops if loop.remainder_of is None]
     if len(trips) == len(source_loops) and len(source_loops) < len(loops):  # one trip count per source loop
         expanded, next_trip = [], iter(trips)
@@ -145,9 +148,17 @@ def dynamic_count(
             passes = count / loop.unroll
         for index in range(loop.start, loop.end + 1):
             weights[index] *= passes
+    return weights
+
+
+def dynamic_count(
+    instructions: list[Instruction], loops: list[Loop], trips: tuple[float, ...]
+) -> tuple[float, dict[str, float]]:
+    """Σ over instructions of :func:`instruction_weights`, and the same per opcode family (the opcode before its
+    first dot)."""
     total = 0.0
     by_opcode: dict[str, float] = {}
-    for instruction, weight in zip(instructions, weights):
+    for instruction, weight in zip(instructions, instruction_weights(instructions, loops, trips)):
         if instruction.opcode == "NOP":
             continue
         total += weight
@@ -225,6 +236,7 @@ class KernelCost:
     resident_per_sm: int
     instructions: float  # dynamic warp-instructions of the whole launch
     by_opcode: dict[str, float]
+    traffic: Traffic = dataclasses.field(default_factory=Traffic)  # bytes and MMA FLOPs of the whole launch
 
     @property
     def launchable(self) -> bool:
@@ -269,6 +281,7 @@ def kernel_cost(
     match_unrolling(loops, [_global_loads([i.opcode for i in instructions[x.start : x.end + 1]]) for x in loops],
                     ptx_loop_loads(compiled.asm["ptx"]))  # fmt: skip
     per_program, by_opcode = dynamic_count(instructions, loops, trips)
+    traffic = count_traffic([i.opcode for i in instructions], instruction_weights(instructions, loops, trips))
     fields = dict(item.split(":") for item in next(line for line in usage.splitlines() if "REG:" in line).split())
     registers, shared = int(fields["REG"]), compiled.metadata.shared
     programs = 1
@@ -284,6 +297,7 @@ def kernel_cost(
         resident_per_sm=resident_programs(registers, num_warps, shared),
         instructions=per_program * scale,
         by_opcode={key: value * scale for key, value in by_opcode.items()},
+        traffic=traffic.scaled(scale),
     )
 
 

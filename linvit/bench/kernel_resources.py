@@ -12,15 +12,18 @@ tile configuration of the autotune space, with the divisibility attributes a lau
 The cost figure counts, per kernel and for the configuration with the fewest instructions that does not spill
 (what autotune is expected to pick; on a GPU it measures), the dynamic warp-instructions per token (each SASS
 instruction weighted by the trip counts of its loops at the shape, × warps × programs, / B·N), programs, waves at
-the resident capacity, and a predicted time at 50% of the H200's issue rate. Exits with status 1 when a chosen
-configuration spills.
+the resident capacity, and a predicted time at 50% of the H200's issue rate. Beside it, every configuration's
+predicted time on an H200 (`cost_model.py`: the largest of issue, HBM and tensor-core time, from the instructions,
+bytes and MMA FLOPs counted in the SASS, `kernel_traffic.py`), the best and the worst per kernel, the torch ops
+traced around the fused ops (`torch_launches.py`), and timm's Swin window attention under the same model; the
+headline keys are issue 35's (`forward_ms`, `backward_ms`, `..._worst`, `window_..._ms`, `hbm_floor_..._ms`,
+launches, `max_spill_bytes_autotune_space`). Exits with status 1 when a chosen configuration spills.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import sys
@@ -30,6 +33,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU even where tests
 
 import torch  # noqa: E402
 
+from linvit.bench import kernel_cost_report, torch_launches  # noqa: E402
+from linvit.bench.cost_model import fastest, op_launches, ops_ms, predict_kernel, predict_op, slowest  # noqa: E402
 from linvit.bench.kernel_cost import (  # noqa: E402
     H200_ISSUE_RATE,
     H200_MULTIPROCESSORS,
@@ -108,9 +113,37 @@ def plans(shape: Shape) -> tuple[list[triton_geometry.Launch], list[triton_geome
     return forward, backward
 
 
-# torch ops the custom ops launch beside their kernels for this call (FocusedLinearAttention in training): the
-# backward sums the positional table's gradient over the batch (one reduction); the forward launches none.
-TORCH_LAUNCHES = {"forward": 0, "backward": 1}
+def traced(shape: Shape) -> torch_launches.Trace:
+    """The torch ops FocusedLinearAttention's computation launches around the fused ops at this shape (traced)."""
+    return torch_launches.focused_module(
+        shape.batch,
+        shape.heads,
+        shape.head_dim,
+        shape.hw,
+        shape.window,
+        shape.kernel_size,
+        _DTYPES[shape.dtype],
+        H200_MULTIPROCESSORS,
+    )
+
+
+WINDOW_SIZE = 7  # timm's Swin
+
+
+def window_figure(shape: Shape) -> dict:
+    """The same model for timm's Swin window attention at the shape's batch, heads and map: its traced torch ops and
+    its flash attention core, per pass."""
+    trace = torch_launches.window_module(shape.batch, shape.heads, shape.head_dim, shape.hw, WINDOW_SIZE,
+                                         _DTYPES[shape.dtype])  # fmt: skip
+    passes = {}
+    for name, ops in (("forward", trace.forward), ("backward", trace.backward)):
+        passes[name] = {"ms": ops_ms(ops), "launches": op_launches(ops), "ops": [_op_entry(op) for op in ops]}
+    return passes
+
+
+def _op_entry(op: torch_launches.TracedOp) -> dict:
+    return {"op": op.name, "kind": op.kind, "launches": op.launches, "bytes": op.bytes, "flops": op.flops,
+            "ms": predict_op(op).ms}  # fmt: skip
 
 
 def _configs(launch: triton_geometry.Launch) -> list[tuple[int, int, int]]:
@@ -130,40 +163,76 @@ def launch_costs(launch: triton_geometry.Launch, arch: int) -> list[tuple[tuple[
     return results
 
 
+def _config_entry(config: tuple[int, int, int], cost: KernelCost, tokens: int) -> dict:
+    return {
+        "config": "x".join(map(str, config)),
+        "spill_bytes": cost.spill_bytes,
+        "launchable": cost.launchable,
+        "instructions_per_token": cost.instructions / tokens,
+        "bytes_per_token": cost.traffic.memory_bytes / tokens,
+        "tensor_flops_per_token": (cost.traffic.flops_16bit + cost.traffic.flops_tf32) / tokens,
+        **{f"predicted_{key}": value for key, value in predict_kernel(cost).as_dict().items()},
+    }
+
+
+def _kernel_entry(pass_name: str, launch, costs, tokens: int) -> dict:
+    """A kernel's row: the configuration with the fewest instructions (the instruction figure), the one predicted
+    fastest and the one predicted slowest that autotune may launch, and every configuration's prediction."""
+    config, cost = best(costs)
+    quick, slow = fastest(costs), slowest(costs)
+    return {
+        "pass": pass_name,
+        "kernel": launch.name,
+        "block_n": config[0],
+        "num_warps": config[1],
+        "num_stages": config[2],
+        "registers": cost.registers,
+        "spill_bytes": cost.spill_bytes,
+        "shared_bytes": cost.shared_bytes,
+        "programs": cost.programs,
+        "resident_per_sm": cost.resident_per_sm,
+        "waves": cost.waves(),
+        "instructions_per_token": cost.instructions / tokens,
+        "fastest": _config_entry(*quick, tokens),
+        "slowest": _config_entry(*slow, tokens),
+        "configs": [_config_entry(*item, tokens) for item in costs],
+    }
+
+
 def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
-    """The cost figure of every shape: per kernel the chosen config and its counts; per pass the totals."""
+    """The cost figure of every shape: per kernel the chosen configs and their counts and predicted times; per pass
+    the totals, the traced torch ops and the launches; for the benchmark shape (the first) the window-softmax module
+    under the same model."""
     figure = {"arch": arch, "shapes": [], "unlaunchable": []}
     for shape in shapes:
         tokens = shape.batch * shape.tokens
         entry = {"shape": dataclasses.asdict(shape), "kernels": [], "passes": {}}
-        for pass_name, launches in zip(("forward", "backward"), plans(shape)):
+        trace = traced(shape)
+        for pass_name, launches, ops in zip(("forward", "backward"), plans(shape), (trace.forward, trace.backward)):
             total = 0.0
+            kernels = []
             for launch in launches:
                 costs = launch_costs(launch, arch)
                 figure["unlaunchable"] += unlaunchable(f"{shape.name}: {launch.name}", costs)
-                config, cost = best(costs)
-                total += cost.instructions
-                entry["kernels"].append(
-                    {
-                        "pass": pass_name,
-                        "kernel": launch.name,
-                        "block_n": config[0],
-                        "num_warps": config[1],
-                        "num_stages": config[2],
-                        "registers": cost.registers,
-                        "spill_bytes": cost.spill_bytes,
-                        "shared_bytes": cost.shared_bytes,
-                        "programs": cost.programs,
-                        "resident_per_sm": cost.resident_per_sm,
-                        "waves": cost.waves(),
-                        "instructions_per_token": cost.instructions / tokens,
-                    }
-                )
+                kernels.append(_kernel_entry(pass_name, launch, costs, tokens))
+                total += kernels[-1]["instructions_per_token"] * tokens
+            entry["kernels"] += kernels
+            torch_ms = ops_ms(ops)
             entry["passes"][pass_name] = {
                 "instructions_per_token": total / tokens,
-                "launches": len(launches) + TORCH_LAUNCHES[pass_name],
+                "launches": len(launches) + op_launches(ops),
+                "kernel_launches": len(launches),
                 "predicted_ms_at_half_issue_rate": total / (0.5 * H200_ISSUE_RATE) * 1e3,
+                "predicted_ms": sum(kernel["fastest"]["predicted_ms"] for kernel in kernels) + torch_ms,
+                "predicted_ms_worst": sum(kernel["slowest"]["predicted_ms"] for kernel in kernels) + torch_ms,
+                "torch_ops_ms": torch_ms,
+                "torch_ops": [_op_entry(op) for op in ops if op.kind != "fused"],
+                "hbm_floor_ms": (trace.floor_forward_bytes if pass_name == "forward" else trace.floor_backward_bytes)
+                / 4.8e12
+                * 1e3,
             }
+        if not figure["shapes"]:
+            entry["window_module"] = window_figure(shape)
         figure["shapes"].append(entry)
     return figure
 
@@ -171,91 +240,57 @@ def cost_figure(shapes=SHAPES, arch: int = 90) -> dict:
 SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (5, 64), (6, 32))
 
 
-def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list[str]]:
+def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list[str], dict[str, int]]:
     """Per heads × head_dim (head_dim ≤ 64, benchmark map size): the largest spill among the kernels' chosen
-    configurations; and the configurations there that cannot launch (:func:`unlaunchable`)."""
-    spills, too_large = {}, []
+    configurations; the configurations there that cannot launch (:func:`unlaunchable`); and the largest spill among
+    every configuration autotune may launch (the launchable ones)."""
+    spills, too_large, space = {}, [], {}
     for heads, head_dim in cases:
         shape = Shape(f"{heads}×{head_dim}", 8, heads, head_dim, (256, 256))
-        worst = 0
+        worst = worst_space = 0
         for launches in plans(shape):
             for launch in launches:
                 costs = launch_costs(launch, arch)
                 too_large += unlaunchable(f"{shape.name}: {launch.name}", costs)
                 worst = max(worst, best(costs)[1].spill_bytes)
+                worst_space = max([worst_space] + [cost.spill_bytes for _, cost in costs if cost.launchable])
         spills[f"{heads}x{head_dim}"] = worst
-    return spills, too_large
+        space[f"{heads}x{head_dim}"] = worst_space
+    return spills, too_large, space
 
 
-def summary(figure: dict, spills: dict[str, int], too_large: list[str]) -> dict:
-    """The headline numbers (the first shape is the benchmark shape)."""
-    passes = figure["shapes"][0]["passes"]
+def summary(figure: dict, spills: dict[str, int], too_large: list[str], space: dict[str, int]) -> dict:
+    """The headline numbers (the first shape is the benchmark shape): the issue's keys first."""
+    first = figure["shapes"][0]
+    passes, window = first["passes"], first["window_module"]
+    forward, backward = passes["forward"]["predicted_ms"], passes["backward"]["predicted_ms"]
     return {
-        "forward_instructions_per_token": round(passes["forward"]["instructions_per_token"], 1),
-        "backward_instructions_per_token": round(passes["backward"]["instructions_per_token"], 1),
+        "forward_ms": round(forward, 4),
+        "backward_ms": round(backward, 4),
+        "forward_ms_worst": round(passes["forward"]["predicted_ms_worst"], 4),
+        "backward_ms_worst": round(passes["backward"]["predicted_ms_worst"], 4),
+        "window_forward_ms": round(window["forward"]["ms"], 4),
+        "window_backward_ms": round(window["backward"]["ms"], 4),
+        "focused_over_window_forward": round(forward / window["forward"]["ms"], 3),
+        "focused_over_window_forward_backward": round(
+            (forward + backward) / (window["forward"]["ms"] + window["backward"]["ms"]), 3
+        ),
+        "hbm_floor_forward_ms": round(passes["forward"]["hbm_floor_ms"], 4),
+        "hbm_floor_backward_ms": round(passes["backward"]["hbm_floor_ms"], 4),
         "forward_launches": passes["forward"]["launches"],
         "backward_launches": passes["backward"]["launches"],
+        "window_forward_launches": window["forward"]["launches"],
+        "window_backward_launches": window["backward"]["launches"],
+        "max_spill_bytes_autotune_space": max(space.values()),
+        "spill_bytes_autotune_space_by_heads_x_head_dim": space,
+        "forward_instructions_per_token": round(passes["forward"]["instructions_per_token"], 1),
+        "backward_instructions_per_token": round(passes["backward"]["instructions_per_token"], 1),
         "max_spill_bytes_head_dim_le_64": max(spills.values()),
         "spill_bytes_by_heads_x_head_dim": spills,
         "unlaunchable_configurations": figure["unlaunchable"] + list(too_large),
-        "forward_predicted_ms": round(passes["forward"]["predicted_ms_at_half_issue_rate"], 3),
-        "backward_predicted_ms": round(passes["backward"]["predicted_ms_at_half_issue_rate"], 3),
+        "forward_predicted_ms_at_half_issue_rate": round(passes["forward"]["predicted_ms_at_half_issue_rate"], 3),
+        "backward_predicted_ms_at_half_issue_rate": round(passes["backward"]["predicted_ms_at_half_issue_rate"], 3),
     }
-
-
-def markdown(figure: dict, headline: dict) -> str:
-    """The cost figure as the markdown of benchmarks/results/cuda/kernel_cost_sm90.md."""
-    import triton
-
-    lines = [
-        f"# Triton kernel cost on sm_{figure['arch']}, counted without a GPU",
-        "",
-        f"{datetime.date.today().isoformat()}, Triton {triton.__version__}, torch {torch.__version__}. Command: "
-        "`python -m benchmarks.kernel_resources --cost`. Dynamic warp-instructions per token: each SASS instruction "
-        "weighted by its loops' trip counts at the shape, × warps × programs, / B·N. Per kernel, the tile config "
-        "with the fewest instructions that does not spill (autotune decides on a GPU). Predicted time: the "
-        "instructions at 50% of the H200's issue rate (1.05e12 warp-instructions/s).",
-        "",
-        f"Headline (benchmark shape): forward {headline['forward_instructions_per_token']} / backward "
-        f"{headline['backward_instructions_per_token']} warp-instructions per token (targets ≤ 500 / ≤ 1,500; the "
-        f"first kernel set: 1,950 / 7,449), launches {headline['forward_launches']} / "
-        f"{headline['backward_launches']} (targets ≤ 3 / ≤ 5), largest spill at head_dim ≤ 64: "
-        f"{headline['max_spill_bytes_head_dim_le_64']} B. Configurations of the autotune space that ask more shared "
-        f"memory than a program may have (227 KiB): {', '.join(headline['unlaunchable_configurations']) or 'none'}.",
-        "",
-        "Spill bytes of the chosen configurations by heads × head_dim (8 × 256², bf16): "
-        + ", ".join(f"{case}: {value}" for case, value in headline["spill_bytes_by_heads_x_head_dim"].items())
-        + ". A program holds every head of its tokens while their d × d states fit (4 × 32² fp32): its state "
-        "products are one batched 3-D tensor-core product per tile, or for a single head a 2-D one whose state the "
-        "compiler keeps in shared memory. Beyond that (head_dim 64 from two heads on, more than four heads of 32) the "
-        "grid has an axis over head groups: a program holds one group's heads, the focused map's per-token norms over "
-        "all C channels come from a pass of their own (token_norms, a third forward launch), and the part of dq and dk "
-        "that couples the heads is added after the gradient kernels (cross_head_grad, a fifth backward kernel). "
-        "Before the groups, 4×64 spilled 680 B (query_grad's states and dS accumulators in registers); per-head 2-D "
-        "products over tuples of per-head tiles were counted too: no spill-free configuration at 4×64 and 1.3–3.2× "
-        "the instructions at 4×32.",
-    ]
-    for entry in figure["shapes"]:
-        lines += ["", f"## {entry['shape']['name']}", ""]
-        lines.append(
-            "| pass | kernel | BLOCK_N × warps × stages | registers | spill B | shared B | programs | "
-            "resident/SM | waves | warp-instr/token |"
-        )
-        lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        for kernel in entry["kernels"]:
-            config = f"{kernel['block_n'] or '-'} × {kernel['num_warps']} × {kernel['num_stages']}"
-            lines.append(
-                f"| {kernel['pass']} | {kernel['kernel']} | {config} | {kernel['registers']} | "
-                f"{kernel['spill_bytes']} | {kernel['shared_bytes']} | {kernel['programs']} | "
-                f"{kernel['resident_per_sm']} | {kernel['waves']:.2f} | {kernel['instructions_per_token']:.0f} |"
-            )
-        for name, totals in entry["passes"].items():
-            lines.append(
-                f"| **{name}** | {totals['launches']} launches | | | | | | | "
-                f"{totals['predicted_ms_at_half_issue_rate']:.3f} ms predicted | "
-                f"**{totals['instructions_per_token']:.0f}** |"
-            )
-    return "\n".join(lines) + "\n"
 
 
 def _resource_table(args) -> int:
@@ -298,11 +333,11 @@ def main(argv: list[str] | None = None, default_output: Path | None = None) -> i
         from linvit.io.destination import write_text
 
         # a maintainer's tool that rewrites its own table in the checkout: replaced as asked
-        write_text(args.output, markdown(figure, headline), "bench-report", force=True)
+        write_text(args.output, kernel_cost_report.markdown(figure, headline), "bench-report", force=True)
     if args.json:
         print(json.dumps({**headline, "figure": figure}, indent=1))
     else:
-        print(markdown(figure, headline))
+        print(kernel_cost_report.markdown(figure, headline))
     spilled = any(kernel["spill_bytes"] for entry in figure["shapes"] for kernel in entry["kernels"])
     return 1 if spilled or headline["max_spill_bytes_head_dim_le_64"] or headline["unlaunchable_configurations"] else 0
 
