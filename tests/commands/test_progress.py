@@ -96,8 +96,13 @@ def test_export_says_each_step_before_it_runs(tmp_path, capsys, monkeypatch):
         out.write_bytes(b"program")
         return out
 
+    class Sizes:
+        def describe(self) -> str:
+            return "height and width dynamic"
+
     monkeypatch.setattr(deploy, "export_program", export_program)
     monkeypatch.setattr(deploy, "save_program", save_program)
+    monkeypatch.setattr(deploy, "program_sizes", lambda program: Sizes())
     assert main(["export", "--model", "linvit_nano", "--format", "pt2", "--out", str(tmp_path / "n")]) == 0
     out, err = capsys.readouterr()
     assert [line.split("] ")[0] for line in _progress_lines(said_before["tracing"])] == [
