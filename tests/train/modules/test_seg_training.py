@@ -172,7 +172,7 @@ def test_a_config_written_with_the_old_names_still_trains(tmp_path, caplog):
     overrides += [f"paths.data_dir={tmp_path}", f"data._target_={OLD_DATA}", f"model._target_={OLD_MODEL}"]
     cfg = compose(overrides, tmp_path / "run")
     with caplog.at_level("WARNING", logger="linvit.train"):
-        datamodule, model = _instantiate_plain(cfg.data), _instantiate_plain(cfg.model)
+        datamodule, model = _instantiate_plain(cfg.data, "data"), _instantiate_plain(cfg.model, "model")
     assert isinstance(datamodule, SegmentationDataModule) and isinstance(model, SegmentationModule)
     assert (
         f"_target_: {OLD_DATA} has moved: write _target_: linvit.train.data.segmentation.SegmentationDataModule"
