@@ -102,6 +102,9 @@ SHELL_PLANS: dict[str, Plan] = {
     'pip install "linvit[onnx]" && linvit export --model linvit_nano --format onnx': Plan(
         slow="whole", why_not="~30 s; tests/commands/test_export.py and tests/test_deploy.py export in the default tier"
     ),
+    "linvit export outputs/digits_linvit_nano/<run> --format onnx --quantize int8": Plan(
+        slow="whole", why_not="an export and a calibration (~1 min); tests/test_quantize.py quantizes in the default tier"
+    ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
         slow="whole", needs=WALLPAPER, why_not="linvit_tiny at 2560x1600"
