@@ -103,7 +103,8 @@ SHELL_PLANS: dict[str, Plan] = {
         slow="whole", why_not="~30 s; tests/commands/test_export.py and tests/test_deploy.py export in the default tier"
     ),
     "linvit export outputs/digits_linvit_nano/<run> --format onnx --quantize int8": Plan(
-        slow="whole", why_not="an export and a calibration (~1 min); tests/test_quantize.py quantizes in the default tier"
+        slow="whole",
+        why_not="an export and a calibration (~1 min); tests/test_quantize.py quantizes in the default tier",
     ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
