@@ -122,6 +122,8 @@ DEPLOY_SIZES = (512, 1024)
 RUNTIMES = {
     "torch_eager": "eager PyTorch (the torch backend on the CPU)",
     "onnxruntime_cpu": "ONNX Runtime, CPUExecutionProvider, the file of `linvit export --format onnx`",
+    "onnxruntime_int8": "ONNX Runtime, CPUExecutionProvider, that file quantized to int8 as `--quantize int8` does "
+    "(static QDQ, per-channel weights; calibrated on seeded random images, which sets the speed, not the accuracy)",
 }
 
 

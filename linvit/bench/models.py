@@ -151,6 +151,20 @@ def compile_report(case: dict, device: torch.device, dtype: str, budget_s: float
 _ONNX_FILES: dict[str, str] = {}  # model name -> its exported file, once per worker process (one export per model)
 
 
+def _int8_file(fp32: str, model_name: str) -> str:
+    """The int8 file of ``fp32`` (once per worker process): static QDQ as ``linvit export --quantize int8`` writes
+    it, calibrated on 4 seeded random images at 224² (the ranges set which values clip, not what a node costs)."""
+    import numpy as np
+
+    from linvit.utils.quantize import int8_path, quantize_static_int8
+
+    key = f"{model_name}.int8"
+    if key not in _ONNX_FILES:
+        calibration = [np.random.default_rng(seed).standard_normal((1, 3, 224, 224), np.float32) for seed in range(4)]
+        _ONNX_FILES[key] = str(quantize_static_int8(fp32, int8_path(fp32), calibration))
+    return _ONNX_FILES[key]
+
+
 def deploy_callable(case: dict, device: torch.device, dtype: str):
     """One forward of ``case["model"]`` at ``case["size"]``² in eager PyTorch or in ONNX Runtime on the CPU.
 
@@ -184,6 +198,8 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
     if path is None:
         folder = tempfile.mkdtemp(prefix="linvit-bench-onnx-")
         path = _ONNX_FILES[case["model"]] = str(export_onnx(model, f"{folder}/{case['model']}.onnx"))
+    if case["runtime"] == "onnxruntime_int8":
+        path = _int8_file(path, case["model"])
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -74,7 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--modes", default=None, help="operator modes (default fwd,fwdbwd)")
     parser.add_argument("--models", default=None, help="backbones/training/compile models (default all)")
-    parser.add_argument("--sizes", default=None, help="backbone input sizes, e.g. 224,1024,2560x1600 (W×H)")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="backbone input sizes, e.g. 224,1024,2560x1600 (W×H); the deploy suite takes the square ones",
+    )
     parser.add_argument("--batch", type=int, default=None, help="backbone batch (default 1 on CPU; 64/32/8/2 on CUDA)")
     parser.add_argument("--train-size", type=int, default=None, help="training input side (default 224)")
     parser.add_argument("--train-batch", type=int, default=None, help="training batch (default 32)")
@@ -342,7 +346,8 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
             )
             memory_cases = cases
         elif suite == "deploy":
-            cases = suite_cases.deploy_cases(list(suite_cases.DEPLOY_MODELS), list(suite_cases.DEPLOY_SIZES))
+            sizes = [height for height, width in settings["sizes"] if height == width] if args.sizes else None
+            cases = suite_cases.deploy_cases(list(suite_cases.DEPLOY_MODELS), sizes or list(suite_cases.DEPLOY_SIZES))
             memory_cases = []
         else:
             cases = suite_cases.compile_cases(settings["models"], settings["compile_sizes"])

@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's current one)")
     parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        default=None,
+        help="--format onnx: also write <name>.int8.onnx (ONNX Runtime quantization: static, calibrated on the run's "
+        "training images, with a run; dynamic with --model) and <name>.int8.json, the accuracy change it measured",
+    )
+    parser.add_argument(
         "--features-only",
         action="store_true",
         help="export the backbone's feature maps (timm features_only: one output per stage) instead of the classifier",
@@ -89,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from linvit.io import allow_non_finite_weights
     from linvit.io.destination import DestinationError
 
+    if args.quantize is not None and (args.format != "onnx" or args.features_only):
+        return _fail(f"--quantize {args.quantize} applies to --format onnx of a classifier (not --features-only).")
     with allow_non_finite_weights(args.allow_non_finite, opt_out="--allow-non-finite"):
         try:
             if args.format == "safetensors":
@@ -202,6 +211,10 @@ def _export_graph(args: argparse.Namespace) -> int:
 
     check_not_input(out, *inputs)
     check_destination(out, args.format, force=args.force)  # refused before the export's minutes, not after
+    if args.quantize is not None:
+        from linvit.commands._export_quantize import check_destinations
+
+        check_destinations(out, args.force)
     height, width = native_size(model)
     traced = "x".join(str(side) for side in example_size(model))
     channels = getattr(model, "in_chans", 3)
@@ -232,6 +245,11 @@ def _export_graph(args: argparse.Namespace) -> int:
         f"  input 'image' (batch, {channels}, height, width), {sizes} "
         f"(native size {height}x{width}, traced at {traced}); attention on the torch backend (standard ops)\n"
     )
+    if args.quantize is not None:
+        from linvit.commands._export_quantize import quantize_export
+
+        int8, report = quantize_export(args, path, model)
+        sys.stdout.write(f"  {int8}\n  {report}\n")
     return 0
 
 

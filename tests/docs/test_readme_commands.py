@@ -106,6 +106,10 @@ SHELL_PLANS: dict[str, Plan] = {
     "linvit export outputs/digits_linvit_nano/<run> --format pt2": Plan(
         slow="whole", why_not="~40 s of tracing; tests/test_deploy_sizes.py exports at 32 px in the default tier"
     ),
+    "linvit export outputs/digits_linvit_nano/<run> --format onnx --quantize int8": Plan(
+        slow="whole",
+        why_not="an export and a calibration (~1 min); tests/test_quantize.py quantizes in the default tier",
+    ),
     # Dense prediction
     f"linvit extract photo.jpg {WALLPAPER} --model linvit_tiny -o features/": Plan(
         slow="whole", needs=WALLPAPER, why_not="linvit_tiny at 2560x1600"
