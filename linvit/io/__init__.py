@@ -24,7 +24,7 @@
 Imports torch, timm and safetensors only (no other room of linvit).
 """
 
-import importlib
+from linvit._lazy import lazy_exports
 
 # name -> the submodule defining it; imported on first use (PEP 562), so that a light submodule such as
 # linvit.io.destination or linvit.io.bounded costs no torch import (the `linvit --help` of the console script)
@@ -51,14 +51,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'linvit.io' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"linvit.io.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("linvit.io", _EXPORTS)

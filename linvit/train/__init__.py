@@ -39,7 +39,7 @@ Nothing here needs Hydra except :mod:`linvit.train.runs.run` and :mod:`linvit.tr
 objects are built again without it (:mod:`linvit.train.runs.saved_run`).
 """
 
-import importlib
+from linvit._lazy import lazy_exports
 
 # name -> the module defining it; imported on first use (PEP 562), so that the Hydra entry
 # (linvit.train.runs.hydra_app) answers `linvit train --help` without importing torch and Lightning
@@ -56,14 +56,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'linvit.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"linvit.train.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("linvit.train", _EXPORTS)
