@@ -84,7 +84,13 @@ class FolderAutoValues:
         """``num_classes="auto"``: the number of class folders; a number given is checked against it."""
         from linvit.train.data.folder_scan import FolderLayoutError
 
-        found = len(self.class_folders())
+        folders = self.class_folders()
+        found = len(folders)
+        if found < 2:  # first: no class count fixes it
+            raise FolderLayoutError(
+                f"{self.root}/train holds one class folder ({', '.join(folders)}): classification needs at least two "
+                "classes, one folder each. Add a folder per class."
+            )
         if "num_classes" not in self.auto_options:
             if found != self.num_classes:
                 raise ValueError(
@@ -92,11 +98,6 @@ class FolderAutoValues:
                     f"data.num_classes={found}, or data.num_classes=auto to count them."
                 )
             return self.num_classes
-        if found < 2:
-            raise FolderLayoutError(
-                f"{self.root}/train holds {found} class folder(s): classification needs at least two classes, one "
-                "folder each. Add a folder per class."
-            )
         self.num_classes, self.class_names = found, [str(i) for i in range(found)]
         self._resolved("num_classes", found)
         log_choice("num_classes", Choice(found, f"the class folders of {self.root}/train"))
