@@ -317,7 +317,7 @@ def _check(command: str, mode: str, code: int, out: str, err: str, workdir: Path
     if plan.offline:  # no network: one line saying so, no traceback
         assert code == 1, (out + err)[-3000:]
         assert "Traceback" not in err and "could not be downloaded" in err, err[-3000:]
-        assert len([line for line in err.splitlines() if line.startswith("Error:")]) == 1, err[-3000:]
+        assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err[-3000:]
         return
     assert code == 0, f"{command} exited with {code}:\n{(out + err)[-4000:]}"
     if _is_training(command):

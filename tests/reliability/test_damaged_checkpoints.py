@@ -99,5 +99,5 @@ def test_train_py_prints_the_one_line_and_exits_with_1(tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         run_task(cfg)
     assert stopped.value.code == 1
-    _assert_one_line_naming(capsys.readouterr().err.replace("Error: ", ""), ckpt, "html")
+    _assert_one_line_naming(capsys.readouterr().err.replace("error: ", ""), ckpt, "html")
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -397,7 +397,7 @@ def test_train_py_finishes_with_a_fifo_in_the_data_and_refuses_one_class(image_r
     for extra, named in (((), "holds one class folder (cat)"), (("data.num_classes=1",), "data.num_classes=1")):
         result = train(tmp_path / "one_class", *extra)
         assert result.returncode == 1
-        errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
         assert "Traceback" not in result.stderr
 

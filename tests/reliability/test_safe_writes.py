@@ -159,7 +159,7 @@ def test_only_linvits_own_temporaries_are_removed(tmp_path):
 
 # -- training: a full disk, a log folder that cannot be made ----------------------------------------------------------
 def test_a_full_disk_during_a_checkpoint_write_is_one_error_line(tmp_path, capsys, monkeypatch):
-    """The second epoch's checkpoint hits ENOSPC (the writer is monkeypatched): ``Error: ...`` naming the file, exit 1,
+    """The second epoch's checkpoint hits ENOSPC (the writer is monkeypatched): ``error: ...`` naming the file, exit 1,
     and the first epoch's checkpoints intact."""
     from train_helpers import FAST, SHORT, TINY_TIMM, compose
 
@@ -181,7 +181,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_error_line(tmp_path, capsy
     with pytest.raises(SystemExit) as stopped:
         run_task(cfg)
     assert stopped.value.code == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the disk is full" in errors[0] and str(run / "checkpoints") in errors[0], errors
     monkeypatch.undo()
     for name in ("best.ckpt", "last.ckpt"):
@@ -204,7 +204,7 @@ def test_a_log_folder_that_cannot_be_made_is_one_error_line(tmp_path, capsys):
             train_main([f"paths.log_dir={a_file / 'logs'}", "trainer.max_epochs=1"])
     finally:  # Hydra's handlers write to this test's captured stream: not to the next test's
         root.handlers[:], root.level = handlers, level
-    assert "Error:" in str(stopped.value.code) and str(a_file / "logs") in str(stopped.value.code)
+    assert "error:" in str(stopped.value.code) and str(a_file / "logs") in str(stopped.value.code)
     assert "a part of the path is not a folder" in str(stopped.value.code)
     assert "Traceback" not in capsys.readouterr().err
 
@@ -220,7 +220,7 @@ def test_a_run_directory_under_a_file_is_one_error_line(tmp_path, capsys):
         run_task(compose([*TINY_TIMM, *FAST, *SHORT], a_file / "run"))
     assert stopped.value.code == 1
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith("Error: ") and str(a_file / "run") in line, line
+    assert line.startswith("error: ") and str(a_file / "run") in line, line
 
 
 # -- a kill in the middle of an export -------------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def test_train_names_a_value_of_the_wrong_type_and_exits_1_before_anything(tmp_p
         run_task(cfg)
     assert stopped.value.code == 1
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith("Error: ") and named in line, line
+    assert line.startswith("error: ") and named in line, line
     assert not (tmp_path / "run").exists()
 
 
@@ -333,5 +333,5 @@ def test_train_py_names_the_key(tmp_path, override, named):
         timeout=300,
     )
     assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and named in errors[0] and "Traceback" not in result.stderr, result.stderr

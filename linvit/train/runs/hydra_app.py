@@ -76,11 +76,11 @@ def run_task(cfg: Any) -> float | None:
 
 
 def _stop(error: BaseException | str) -> None:
-    """End the run with one ``Error:`` line (``HYDRA_FULL_ERROR=1``: the traceback instead)."""
+    """End the run with one ``error:`` line (``HYDRA_FULL_ERROR=1``: the traceback instead)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1" and isinstance(error, BaseException):
         raise error
     _log.error("%s", error)
-    sys.stderr.write(f"Error: {error}\n")
+    sys.stderr.write(f"error: {error}\n")
     sys.exit(1)
 
 

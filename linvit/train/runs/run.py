@@ -57,9 +57,9 @@ class RunDirectoryGuard(Callback):
                     run_dir = Path(str(config.hydra.run.dir))
             hold_run_directory(run_dir)
         except RunDirectoryInUseError as error:
-            raise SystemExit(f"Error: {error}") from None
+            raise SystemExit(f"error: {error}") from None
         except OSError as error:  # a log folder that is read-only, under a file, on a full disk: one line naming it
-            raise SystemExit(f"Error: {refuse_os_error(error.filename or run_dir, error)}") from None
+            raise SystemExit(f"error: {refuse_os_error(error.filename or run_dir, error)}") from None
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
