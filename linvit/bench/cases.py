@@ -115,13 +115,21 @@ def compile_cases(models: list[str], sizes: list[int]) -> list[dict]:
     return [{"suite": "compile", "model": model, "size": size} for model in models for size in sizes]
 
 
-# The deploy suite: the same model in eager PyTorch and in ONNX Runtime (CPU execution provider), from one ONNX file
-# with dynamic batch/height/width (linvit.utils.deploy), at high resolutions.
-DEPLOY_MODELS = ("linvit_tiny",)
-DEPLOY_SIZES = (512, 1024)
+# The deploy suite: each model in every runtime a user would deploy it with on a CPU, at high resolutions (issue 37):
+# linvit's two families beside Swin-T, ConvNeXt-T and timm's EfficientViT (MIT, also linear attention).
+DEPLOY_MODELS = (
+    "linvit_tiny",
+    "flatten_swin_tiny_patch4_224",
+    "swin_tiny_patch4_window7_224",
+    "convnext_tiny",
+    "efficientvit_b2",
+)
+DEPLOY_SIZES = (512, 1024, 2048)
 RUNTIMES = {
     "torch_eager": "eager PyTorch (the torch backend on the CPU)",
-    "onnxruntime_cpu": "ONNX Runtime, CPUExecutionProvider, the file of `linvit export --format onnx`",
+    "torch_compile": "torch.compile (inductor, CPU; needs a C++ compiler), compiled once per size before timing",
+    "onnxruntime_cpu": "ONNX Runtime, CPUExecutionProvider, the file of `linvit export --format onnx` (dynamic "
+    "height and width; a model that does not export with them, at its size)",
     "onnxruntime_int8": "ONNX Runtime, CPUExecutionProvider, that file quantized to int8 as `--quantize int8` does "
     "(static QDQ, per-channel weights; calibrated on seeded random images, which sets the speed, not the accuracy)",
 }

@@ -148,32 +148,59 @@ def compile_report(case: dict, device: torch.device, dtype: str, budget_s: float
     return result
 
 
-_ONNX_FILES: dict[str, str] = {}  # model name -> its exported file, once per worker process (one export per model)
+_ONNX_FILES: dict[str, str] = {}  # model (and size, for a static file) -> its exported file, once per worker process
 
 
-def _int8_file(fp32: str, model_name: str) -> str:
+def onnx_file(model: nn.Module, name: str, size: int) -> str:
+    """The fp32 ONNX file of ``model``: one with dynamic height and width per model, as ``linvit export`` writes it;
+    a model that does not export with them (timm's Swin, built for one size) gets one static file per size."""
+    import tempfile
+
+    from linvit.utils.deploy import export_onnx
+
+    for key in (name, f"{name}@{size}"):
+        if key in _ONNX_FILES:
+            return _ONNX_FILES[key]
+    folder = tempfile.mkdtemp(prefix="linvit-bench-onnx-")
+    try:
+        _ONNX_FILES[name] = str(export_onnx(model, f"{folder}/{name}.onnx", size=(size, size)))
+        return _ONNX_FILES[name]
+    except Exception:  # noqa: BLE001 - any failure of the dynamic trace: the static export below
+        pass
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        program = torch.export.export(model.eval(), (x,))
+    key = f"{name}@{size}"
+    _ONNX_FILES[key] = str(export_onnx(model, f"{folder}/{name}_{size}.onnx", size=(size, size), program=program))
+    return _ONNX_FILES[key]
+
+
+def int8_file(fp32: str, size: int) -> str:
     """The int8 file of ``fp32`` (once per worker process): static QDQ as ``linvit export --quantize int8`` writes
-    it, calibrated on 4 seeded random images at 224² (the ranges set which values clip, not what a node costs)."""
+    it, calibrated on 4 seeded random images (the ranges set which values clip, not what a node costs) at 224², or
+    at the file's own size where it is static."""
     import numpy as np
+    import onnx
 
     from linvit.utils.quantize import int8_path, quantize_static_int8
 
-    key = f"{model_name}.int8"
+    key = f"{fp32}.int8"
     if key not in _ONNX_FILES:
-        calibration = [np.random.default_rng(seed).standard_normal((1, 3, 224, 224), np.float32) for seed in range(4)]
+        dims = onnx.load(fp32, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        static = all(dim.HasField("dim_value") for dim in dims[2:])
+        side = size if static else 224
+        calibration = [np.random.default_rng(seed).standard_normal((1, 3, side, side), np.float32) for seed in range(4)]
         _ONNX_FILES[key] = str(quantize_static_int8(fp32, int8_path(fp32), calibration))
     return _ONNX_FILES[key]
 
 
 def deploy_callable(case: dict, device: torch.device, dtype: str):
-    """One forward of ``case["model"]`` at ``case["size"]``² in eager PyTorch or in ONNX Runtime on the CPU.
+    """One forward of ``case["model"]`` at ``case["size"]``² on the CPU in one runtime (:data:`cases.RUNTIMES`).
 
     The ONNX file is exported once per model with dynamic batch/height/width (`linvit.utils.deploy.export_onnx`, the
-    same file `linvit export --format onnx` writes) and serves every size; ONNX Runtime runs as many intra-op threads
-    as torch.
+    same file `linvit export --format onnx` writes) and serves every size (:func:`onnx_file`); ONNX Runtime runs as
+    many intra-op threads as torch. ``torch_compile`` compiles before it returns, so the timing starts compiled.
     """
-    import tempfile
-
     if device.type != "cpu" or dtype != "fp32":
         raise Unavailable("the deploy suite compares CPU runtimes in fp32 (--device cpu --dtype fp32)")
     size = case["size"]
@@ -181,25 +208,25 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
     model = create_model(case["model"], (size, size)).eval()
     x = torch.randn(case["batch"], 3, size, size)
     info = {"pixels": size * size, "params": sum(p.numel() for p in model.parameters())}
-    if case["runtime"] == "torch_eager":
+    if case["runtime"] in ("torch_eager", "torch_compile"):
+        forward = model
+        if case["runtime"] == "torch_compile":
+            forward = _compiled(model, x)
+            info["compile_s"] = forward.compile_s
 
         def run():
             with torch.no_grad():
-                return model(x)
+                return forward(x)
 
         return run, info
     try:
         import onnxruntime
     except ImportError as error:
         raise Unavailable("onnxruntime is not installed (pip install 'linvit[onnx]')") from error
-    from linvit.utils.deploy import export_onnx
 
-    path = _ONNX_FILES.get(case["model"])
-    if path is None:
-        folder = tempfile.mkdtemp(prefix="linvit-bench-onnx-")
-        path = _ONNX_FILES[case["model"]] = str(export_onnx(model, f"{folder}/{case['model']}.onnx"))
+    path = onnx_file(model, case["model"], size)
     if case["runtime"] == "onnxruntime_int8":
-        path = _int8_file(path, case["model"])
+        path = int8_file(path, size)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
@@ -209,3 +236,18 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
         return session.run(None, feed)
 
     return run_onnx, info
+
+
+def _compiled(model: nn.Module, x: torch.Tensor):
+    """``torch.compile(model)`` run once on ``x`` (the compile is not timed); Unavailable without a C++ compiler."""
+    import shutil
+    import time
+
+    if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
+        raise Unavailable("torch.compile on the CPU needs a C++ compiler (c++, g++ or clang++ on PATH)")
+    compiled = torch.compile(model)
+    start = time.perf_counter()
+    with torch.no_grad():
+        compiled(x)
+    compiled.compile_s = time.perf_counter() - start
+    return compiled

@@ -300,26 +300,92 @@ def _compile_table(index: dict) -> list[str]:
     return lines
 
 
+DEPLOY_SUBJECT = "linvit_tiny"  # the model the deploy suite compares with each peer's best runtime
+
+
 def _deploy_table(index: dict) -> list[str]:
     rows = suite_rows(index, "deploy")
     if not rows:
         return []
     lines = ["## 5. Deployment runtimes on the CPU (inference, batch 1, fp32)", ""]
-    lines.append("| model | size | runtime | ms | vs eager |")
-    lines.append("|---|---:|---|---:|---:|")
+    lines.append("| model | size | runtime | ms (median) | min ms | vs eager |")
+    lines.append("|---|---:|---|---:|---:|---:|")
     for row in rows:
         c = row["case"]
         eager = _find(rows, model=c["model"], size=c["size"], runtime="torch_eager")
         ratio = measured(eager) / measured(row) if measured(eager) and measured(row) else None
         versus = "1.00×" if c["runtime"] == "torch_eager" else (f"{ratio:.2f}×" if ratio else "–")
-        lines.append(f"| {c['model']} | {c['size']}² | {c['runtime']} | {_cell(row)} | {versus} |")
+        lines.append(
+            f"| {c['model']} | {c['size']}² | {c['runtime']} | {_cell(row)} | {_cell(row, 'min_ms')} | {versus} |"
+        )
     lines += ["", "`vs eager`: eager latency over this runtime's (above 1: faster than eager PyTorch).", ""]
     for row in rows:  # the int8 file against the fp32 one it was quantized from (issue 37's target: 1.5x)
         c = row["case"]
         fp32 = _find(rows, model=c["model"], size=c["size"], runtime="onnxruntime_cpu")
         if c["runtime"] == "onnxruntime_int8" and measured(fp32) and measured(row):
             lines.append(f"- {c['model']} at {c['size']}²: int8 {measured(fp32) / measured(row):.2f}× faster than fp32")
-    return lines if lines[-1] == "" else [*lines, ""]
+    if lines[-1] != "":
+        lines.append("")
+    lines += _deploy_best_table(rows) + _deploy_growth_table(rows)
+    return lines
+
+
+def _best(rows: list[dict], model: str, size: int) -> dict | None:
+    """The fastest measured runtime of ``model`` at ``size`` (int8 apart: it changes the numbers, not the model)."""
+    candidates = [
+        row
+        for row in rows
+        if row["case"]["model"] == model
+        and row["case"]["size"] == size
+        and row["case"]["runtime"] != "onnxruntime_int8"
+        and measured(row)
+    ]
+    return min(candidates, key=measured, default=None)
+
+
+def _deploy_best_table(rows: list[dict]) -> list[str]:
+    """Each model's best fp32 runtime per size, and linvit_tiny's best over it (below 1: linvit_tiny is faster)."""
+    models = list(dict.fromkeys(row["case"]["model"] for row in rows))
+    sizes = sorted({row["case"]["size"] for row in rows})
+    lines = [
+        f"Best fp32 runtime per model; `{DEPLOY_SUBJECT} / it`: {DEPLOY_SUBJECT}'s best over this model's best"
+        f" (below 1: {DEPLOY_SUBJECT} is faster).",
+        "",
+        f"| model | size | best runtime | ms | {DEPLOY_SUBJECT} / it |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for size in sizes:
+        subject = _best(rows, DEPLOY_SUBJECT, size)
+        for model in models:
+            best = _best(rows, model, size)
+            if best is None:
+                continue
+            ratio = f"{measured(subject) / measured(best):.2f}" if subject is not None else "–"
+            lines.append(f"| {model} | {size}² | {best['case']['runtime']} | {_cell(best)} | {ratio} |")
+    return [*lines, ""]
+
+
+def _deploy_growth_table(rows: list[dict]) -> list[str]:
+    """Latency at the largest size over the smallest, per model and runtime (16 for 4× the side: linear in pixels)."""
+    sizes = sorted({row["case"]["size"] for row in rows})
+    if len(sizes) < 2:
+        return []
+    small, large = sizes[0], sizes[-1]
+    pixels = (large / small) ** 2
+    lines = [
+        f"Cost growth {large}² / {small}² ({pixels:.0f}× the pixels; {pixels:.0f}× is linear in them):",
+        "",
+        "| model | runtime | growth |",
+        "|---|---|---:|",
+    ]
+    for row in rows:
+        c = row["case"]
+        if c["size"] != large:
+            continue
+        base = _find(rows, model=c["model"], size=small, runtime=c["runtime"])
+        if measured(base) and measured(row):
+            lines.append(f"| {c['model']} | {c['runtime']} | {measured(row) / measured(base):.1f}× |")
+    return [*lines, ""]
 
 
 def _notes(index: dict) -> list[str]:

@@ -73,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops", default=None, help="operators to run (default all): " + ",".join(suite_cases.OPERATORS)
     )
     parser.add_argument("--modes", default=None, help="operator modes (default fwd,fwdbwd)")
-    parser.add_argument("--models", default=None, help="backbones/training/compile models (default all)")
+    parser.add_argument(
+        "--models", default=None, help="backbones/training/compile/deploy models (default: each suite's own list)"
+    )
     parser.add_argument(
         "--sizes",
         default=None,
@@ -347,7 +349,8 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
             memory_cases = cases
         elif suite == "deploy":
             sizes = [height for height, width in settings["sizes"] if height == width] if args.sizes else None
-            cases = suite_cases.deploy_cases(list(suite_cases.DEPLOY_MODELS), sizes or list(suite_cases.DEPLOY_SIZES))
+            models = _csv(args.models, suite_cases.DEPLOY_MODELS)
+            cases = suite_cases.deploy_cases(list(models), sizes or list(suite_cases.DEPLOY_SIZES))
             memory_cases = []
         else:
             cases = suite_cases.compile_cases(settings["models"], settings["compile_sizes"])

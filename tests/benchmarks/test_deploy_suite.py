@@ -10,9 +10,24 @@ from linvit.bench.cases import DEPLOY_MODELS, DEPLOY_SIZES, RUNTIMES, SUITES, de
 
 
 def test_deploy_cases_pair_every_runtime_with_eager():
-    assert "deploy" in SUITES and DEPLOY_MODELS == ("linvit_tiny",) and DEPLOY_SIZES == (512, 1024)
+    assert "deploy" in SUITES and DEPLOY_SIZES == (512, 1024, 2048)
+    # issue 37: linvit's two families beside the peers a user would deploy instead
+    assert {"linvit_tiny", "swin_tiny_patch4_window7_224", "convnext_tiny", "efficientvit_b2"} <= set(DEPLOY_MODELS)
+    assert {"torch_eager", "torch_compile", "onnxruntime_cpu", "onnxruntime_int8"} == set(RUNTIMES)
     cases = deploy_cases(list(DEPLOY_MODELS), list(DEPLOY_SIZES))
-    assert {(c["size"], c["runtime"]) for c in cases} == {(s, r) for s in (512, 1024) for r in RUNTIMES}
+    assert {(c["model"], c["size"], c["runtime"]) for c in cases} == {
+        (m, s, r) for m in DEPLOY_MODELS for s in DEPLOY_SIZES for r in RUNTIMES
+    }
+
+
+def test_deploy_suite_takes_the_models_and_sizes_given(tmp_path):
+    from linvit.bench import run
+
+    args = run.build_parser().parse_args(["--only", "deploy", "--models", "convnext_tiny", "--sizes", "256"])
+    settings = run._settings(args)
+    sizes = [height for height, width in settings["sizes"] if height == width]
+    cases = deploy_cases(run._csv(args.models, DEPLOY_MODELS), sizes)
+    assert {(c["model"], c["size"]) for c in cases} == {("convnext_tiny", 256)}
 
 
 def test_deploy_table_reports_the_ratio_to_eager():
@@ -23,7 +38,32 @@ def test_deploy_table_reports_the_ratio_to_eager():
         case = {"suite": "deploy", "model": "linvit_tiny", "size": 512, "runtime": runtime, "batch": 1}
         rows[runtime] = {"case": case, "status": "ok", "latency_ms": ms}
     text = "\n".join(_deploy_table(rows))
-    assert "| linvit_tiny | 512² | onnxruntime_cpu | 200 | 1.50× |" in text
+    assert "| linvit_tiny | 512² | onnxruntime_cpu | 200 | – | 1.50× |" in text
+
+
+def test_deploy_table_compares_best_runtimes_and_growth():
+    from linvit.bench.report import _deploy_table
+
+    timings = {
+        ("linvit_tiny", 512, "torch_eager"): 300.0,
+        ("linvit_tiny", 512, "onnxruntime_cpu"): 200.0,
+        ("linvit_tiny", 512, "onnxruntime_int8"): 50.0,  # int8 is not the fp32 best
+        ("linvit_tiny", 1024, "torch_eager"): 1000.0,
+        ("linvit_tiny", 1024, "onnxruntime_cpu"): 900.0,
+        ("convnext_tiny", 512, "torch_eager"): 250.0,
+        ("convnext_tiny", 512, "torch_compile"): 400.0,
+        ("convnext_tiny", 1024, "torch_eager"): 1500.0,
+    }
+    rows = {}
+    for (model, size, runtime), ms in timings.items():
+        case = {"suite": "deploy", "model": model, "size": size, "runtime": runtime, "batch": 1}
+        rows[(model, size, runtime)] = {"case": case, "status": "ok", "latency_ms": ms, "min_ms": ms - 1}
+    text = "\n".join(_deploy_table(rows))
+    assert "| convnext_tiny | 512² | torch_eager | 250 | 0.80 |" in text  # 200 / 250
+    assert "| linvit_tiny | 512² | onnxruntime_cpu | 200 | 1.00 |" in text
+    assert "| convnext_tiny | 1024² | torch_eager | 1,500 | 0.60 |" in text  # 900 / 1500
+    assert "| linvit_tiny | onnxruntime_cpu | 4.5× |" in text  # 900 / 200
+    assert "| convnext_tiny | torch_compile |" not in text  # no 1024² row to grow to
 
 
 @pytest.mark.slow
@@ -46,5 +86,5 @@ def test_deploy_table_reports_int8_against_fp32_onnxruntime():
         case = {"suite": "deploy", "model": "linvit_tiny", "size": 512, "runtime": runtime, "batch": 1}
         rows[runtime] = {"case": case, "status": "ok", "latency_ms": ms}
     text = "\n".join(_deploy_table(rows))
-    assert "| linvit_tiny | 512² | onnxruntime_int8 | 125 | 2.40× |" in text
+    assert "| linvit_tiny | 512² | onnxruntime_int8 | 125 | – | 2.40× |" in text
     assert "- linvit_tiny at 512²: int8 1.60× faster than fp32" in text
