@@ -127,6 +127,7 @@ DEPLOY_MODELS = (
 DEPLOY_SIZES = (512, 1024, 2048)
 RUNTIMES = {
     "torch_eager": "eager PyTorch (the torch backend on the CPU)",
+    "torch_eager_bf16": "eager PyTorch under bf16 autocast, where the CPU has bf16 instructions (AVX512-BF16, AMX)",
     "torch_compile": "torch.compile (inductor, CPU; needs a C++ compiler), compiled once per size before timing",
     "onnxruntime_cpu": "ONNX Runtime, CPUExecutionProvider, the file of `linvit export --format onnx` (dynamic "
     "height and width; a model that does not export with them, at its size)",

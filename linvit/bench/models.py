@@ -208,14 +208,17 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
     model = create_model(case["model"], (size, size)).eval()
     x = torch.randn(case["batch"], 3, size, size)
     info = {"pixels": size * size, "params": sum(p.numel() for p in model.parameters())}
-    if case["runtime"] in ("torch_eager", "torch_compile"):
+    if case["runtime"] in ("torch_eager", "torch_eager_bf16", "torch_compile"):
         forward = model
         if case["runtime"] == "torch_compile":
             forward = _compiled(model, x)
             info["compile_s"] = forward.compile_s
+        bf16 = case["runtime"] == "torch_eager_bf16"
+        if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            raise Unavailable("this CPU has no bf16 instructions (AVX512-BF16 or AMX): bf16 would be emulated")
 
         def run():
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 return forward(x)
 
         return run, info

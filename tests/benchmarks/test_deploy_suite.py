@@ -13,7 +13,7 @@ def test_deploy_cases_pair_every_runtime_with_eager():
     assert "deploy" in SUITES and DEPLOY_SIZES == (512, 1024, 2048)
     # issue 37: linvit's two families beside the peers a user would deploy instead
     assert {"linvit_tiny", "swin_tiny_patch4_window7_224", "convnext_tiny", "efficientvit_b2"} <= set(DEPLOY_MODELS)
-    assert {"torch_eager", "torch_compile", "onnxruntime_cpu", "onnxruntime_int8"} == set(RUNTIMES)
+    assert {"torch_eager", "torch_eager_bf16", "torch_compile", "onnxruntime_cpu", "onnxruntime_int8"} == set(RUNTIMES)
     cases = deploy_cases(list(DEPLOY_MODELS), list(DEPLOY_SIZES))
     assert {(c["model"], c["size"], c["runtime"]) for c in cases} == {
         (m, s, r) for m in DEPLOY_MODELS for s in DEPLOY_SIZES for r in RUNTIMES
@@ -47,7 +47,8 @@ def test_deploy_table_compares_best_runtimes_and_growth():
     timings = {
         ("linvit_tiny", 512, "torch_eager"): 300.0,
         ("linvit_tiny", 512, "onnxruntime_cpu"): 200.0,
-        ("linvit_tiny", 512, "onnxruntime_int8"): 50.0,  # int8 is not the fp32 best
+        ("linvit_tiny", 512, "onnxruntime_int8"): 50.0,  # int8 and bf16 are not the fp32 best
+        ("linvit_tiny", 512, "torch_eager_bf16"): 60.0,
         ("linvit_tiny", 1024, "torch_eager"): 1000.0,
         ("linvit_tiny", 1024, "onnxruntime_cpu"): 900.0,
         ("convnext_tiny", 512, "torch_eager"): 250.0,
