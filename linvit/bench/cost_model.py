@@ -70,11 +70,18 @@ def fastest(costs: Costs) -> tuple[tuple[int, int, int], KernelCost]:
     return min(clean, key=lambda item: predict_kernel(item[1]).ms)
 
 
-def slowest(costs: Costs) -> tuple[tuple[int, int, int], KernelCost]:
-    """The configuration predicted slowest among those that launch: autotune may launch any of them (it measures,
-    with noise, and the model is not what it measures)."""
+def autotune_space(costs: Costs) -> Costs:
+    """The configurations autotune may launch: those that launch, less the ones that spill more than the least
+    spilling of them (as `triton_precompile.spill_free` prunes the space at run time)."""
     launchable = [item for item in costs if item[1].launchable] or costs
-    return max(launchable, key=lambda item: predict_kernel(item[1]).ms)
+    least = min(item[1].spill_bytes for item in launchable)
+    return [item for item in launchable if item[1].spill_bytes <= least]
+
+
+def slowest(costs: Costs) -> tuple[tuple[int, int, int], KernelCost]:
+    """The configuration predicted slowest in the autotune space: autotune may launch any of them (it measures,
+    with noise, and the model is not what it measures)."""
+    return max(autotune_space(costs), key=lambda item: predict_kernel(item[1]).ms)
 
 
 def ops_ms(ops: list[TracedOp]) -> float:

@@ -15,7 +15,9 @@ _PREAMBLE = (
     "tensor-core time (HMMA/HGMMA FLOPs from their shapes / 989 TFLOP/s bf16, 494 tf32); every torch op traced "
     "around the fused ops (fake tensors under a TorchDispatchMode) is its bytes / 4.8 TB/s, one launch each (a "
     "slice_backward two). *best*: per kernel the spill-free configuration predicted fastest; *worst*: the slowest "
-    "configuration that can launch (autotune measures and may pick it). Launch latency is not counted."
+    "configuration autotune may launch (it measures and may pick any of them): those that launch, less the ones that "
+    "spill more than the least spilling (the run-time pruning, `triton_precompile.spill_free`). Launch latency is not "
+    "counted."
 )
 
 

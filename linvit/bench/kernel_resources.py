@@ -34,7 +34,15 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU even where tests
 import torch  # noqa: E402
 
 from linvit.bench import kernel_cost_report, torch_launches  # noqa: E402
-from linvit.bench.cost_model import fastest, op_launches, ops_ms, predict_kernel, predict_op, slowest  # noqa: E402
+from linvit.bench.cost_model import (  # noqa: E402
+    autotune_space,
+    fastest,
+    op_launches,
+    ops_ms,
+    predict_kernel,
+    predict_op,
+    slowest,
+)
 from linvit.bench.kernel_cost import (  # noqa: E402
     H200_ISSUE_RATE,
     H200_MULTIPROCESSORS,
@@ -243,7 +251,7 @@ SPILL_CASES = ((4, 16), (4, 32), (2, 64), (1, 64), (3, 64), (4, 64), (5, 64), (6
 def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list[str], dict[str, int]]:
     """Per heads × head_dim (head_dim ≤ 64, benchmark map size): the largest spill among the kernels' chosen
     configurations; the configurations there that cannot launch (:func:`unlaunchable`); and the largest spill among
-    every configuration autotune may launch (the launchable ones)."""
+    every configuration autotune may launch (`cost_model.autotune_space`: launchable, the least spilling)."""
     spills, too_large, space = {}, [], {}
     for heads, head_dim in cases:
         shape = Shape(f"{heads}×{head_dim}", 8, heads, head_dim, (256, 256))
@@ -253,7 +261,7 @@ def spill_bytes(cases=SPILL_CASES, arch: int = 90) -> tuple[dict[str, int], list
                 costs = launch_costs(launch, arch)
                 too_large += unlaunchable(f"{shape.name}: {launch.name}", costs)
                 worst = max(worst, best(costs)[1].spill_bytes)
-                worst_space = max([worst_space] + [cost.spill_bytes for _, cost in costs if cost.launchable])
+                worst_space = max([worst_space] + [cost.spill_bytes for _, cost in autotune_space(costs)])
         spills[f"{heads}x{head_dim}"] = worst
         space[f"{heads}x{head_dim}"] = worst_space
     return spills, too_large, space

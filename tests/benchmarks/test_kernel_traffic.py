@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from linvit.bench.cost_model import Prediction, fastest, predict_kernel, slowest
+from linvit.bench.cost_model import Prediction, autotune_space, fastest, predict_kernel, slowest
 from linvit.bench.kernel_cost import KernelCost, find_loops, instruction_weights, parse_sass
 from linvit.bench.kernel_traffic import Traffic, count_traffic, memory_bytes, mma_flops
 
@@ -102,16 +102,20 @@ def test_a_launch_takes_the_largest_of_issue_hbm_and_tensor_time():
 
 
 def test_best_and_worst_configurations_by_predicted_time():
-    """The best: the fastest spill-free one that launches; the worst: the slowest that launches, spills included."""
+    """The best: the fastest spill-free one that launches; the worst: the slowest in the autotune space, which the
+    run-time pruning (`triton_precompile.spill_free`) leaves without the spilling ones where any does not spill."""
     costs = [
         ((16, 4, 1), _cost(3e9)),
         ((32, 4, 1), _cost(1e9, spill=64)),
         ((64, 4, 1), _cost(2e9)),
         ((32, 4, 2), _cost(9e9, shared=540 * 1024)),  # cannot launch
-        ((16, 8, 1), _cost(1e9, spill=8, traffic=Traffic(local_bytes=4.8e10))),
+        ((16, 8, 1), _cost(1e9, spill=8, traffic=Traffic(local_bytes=4.8e10))),  # 10 ms of spills' traffic: pruned
     ]
     assert fastest(costs)[0] == (64, 4, 1)
-    assert slowest(costs)[0] == (16, 8, 1)  # its spills' traffic: 10 ms
+    assert [config for config, _ in autotune_space(costs)] == [(16, 4, 1), (64, 4, 1)]
+    assert slowest(costs)[0] == (16, 4, 1)
+    every_one_spills = [((16, 4, 1), _cost(3e9, spill=16)), ((32, 4, 1), _cost(1e9, spill=64))]
+    assert [config for config, _ in autotune_space(every_one_spills)] == [(16, 4, 1)]  # the least spilling
 
 
 _COMPILED = textwrap.dedent(

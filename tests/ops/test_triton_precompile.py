@@ -70,3 +70,73 @@ def test_fake_tensors_are_left_to_the_compiler_that_traces_them(precompile):
         launch = _launch(kernel)
     precompile([launch])
     assert kernel.calls == []
+
+
+class _Compiled:
+    """What a @triton.jit function's ``warmup`` returns: a compiled kernel that reports its spills once loaded."""
+
+    def __init__(self, spills: int | None):
+        self.spills, self.n_spills = spills, None
+
+    def _init_handles(self):
+        if self.spills is None:
+            raise RuntimeError("out of resources: shared memory")
+        self.n_spills = self.spills
+
+
+class _SpillingKernel:
+    """Compiles each BLOCK_N to a kernel that spills as ``spills`` says; records the arguments of each warm-up."""
+
+    def __init__(self, spills: dict[int, int | None]):
+        self.spills, self.calls = spills, []
+
+    def warmup(self, grid, **kwargs):
+        self.calls.append(kwargs)
+        return _Compiled(self.spills[kwargs["BLOCK_N"]])
+
+
+def _configs(*blocks):
+    import triton
+
+    return [triton.Config({"BLOCK_N": block}, num_warps=4, num_stages=1) for block in blocks]
+
+
+def test_the_autotune_space_leaves_out_the_configurations_that_spill():
+    from linvit.ops.linear_attention.triton_precompile import spill_free
+
+    qkv = torch.zeros(2, 64, 24)
+    kernel = _SpillingKernel({16: 0, 32: 0, 64: 368})
+    prune = spill_free(kernel)
+    # as triton.autotune calls it: named (positional) arguments, then the keywords of the launch, grid and warmup too
+    kept = prune(_configs(16, 32, 64), {}, qkv_ptr=qkv, N=64, H=2, N_BUCKET=64, grid=(2, 3, 1), warmup=False)
+    assert [config.kwargs["BLOCK_N"] for config in kept] == [16, 32]
+    assert all("grid" not in call and "warmup" not in call and call["qkv_ptr"] is qkv for call in kernel.calls)
+    assert {(call["num_warps"], call["num_stages"]) for call in kernel.calls} == {(4, 1)}
+
+
+def test_where_every_configuration_spills_the_least_spilling_stay():
+    from linvit.ops.linear_attention.triton_precompile import spill_free
+
+    prune = spill_free(_SpillingKernel({16: 8, 32: 8, 64: 368}))
+    kept = prune(_configs(16, 32, 64), {}, qkv_ptr=torch.zeros(2, 64, 24), grid=(1,), warmup=False)
+    assert [config.kwargs["BLOCK_N"] for config in kept] == [16, 32]
+
+
+def test_a_configuration_whose_spills_cannot_be_read_is_left_to_the_autotuner():
+    from linvit.ops.linear_attention.triton_precompile import spill_free
+
+    prune = spill_free(_SpillingKernel({16: 0, 32: None, 64: 368}))  # 32: does not load (the autotuner says why)
+    kept = prune(_configs(16, 32, 64), {}, qkv_ptr=torch.zeros(2, 64, 24), grid=(1,), warmup=False)
+    assert [config.kwargs["BLOCK_N"] for config in kept] == [16, 32]
+
+
+def test_while_torch_compile_traces_every_configuration_stays():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from linvit.ops.linear_attention.triton_precompile import spill_free
+
+    kernel = _SpillingKernel({16: 0, 32: 0, 64: 368})
+    with FakeTensorMode():
+        qkv = torch.zeros(2, 64, 24)
+    kept = spill_free(kernel)(_configs(16, 32, 64), {}, qkv_ptr=qkv, grid=(1,), warmup=False)
+    assert len(kept) == 3 and kernel.calls == []

@@ -123,14 +123,16 @@ def pinned_tiles(config: tuple[int, int, int]):
 
 def _tuned(launch: triton_geometry.Launch):
     """The launch's kernel wrapped in `triton.autotune` over TILE_CONFIGS, keyed on the shape's compile-time sizes,
-    the tensors' dtypes and a bucket of N (one wrapper per kernel, made on first use)."""
+    the tensors' dtypes and a bucket of N (one wrapper per kernel, made on first use); the configurations that spill
+    registers at the shape are left out (`triton_precompile.spill_free`)."""
     if launch.name not in _tuned_kernels:
         configs = [
             triton.Config({"BLOCK_N": block}, num_warps=warps, num_stages=stages)
             for block, warps, stages in triton_geometry.TILE_CONFIGS
         ]
         key = ["N_BUCKET", *triton_geometry.AUTOTUNE_SIZES]
-        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=key)(launch.kernel)
+        prune = {"early_config_prune": triton_precompile.spill_free(launch.kernel)}
+        _tuned_kernels[launch.name] = triton.autotune(configs=configs, key=key, prune_configs_by=prune)(launch.kernel)
     return _tuned_kernels[launch.name]
 
 
