@@ -60,12 +60,16 @@ _BACKWARD_SCHEMA = (
 
 
 def _custom_op(name: str, schema: str, fake):
-    """Register ``fn`` as the op ``name`` with ``schema``: a Triton op where torch has them, else (and under
-    Triton's interpreter, whose kernels fake tensors cannot trace) a custom op with ``fake`` as its shape function."""
+    """Register ``fn`` as the op ``name`` with ``schema``: a Triton op where torch has them and takes the schema, else
+    (torch 2.11, and under Triton's interpreter, whose kernels fake tensors cannot trace) a custom op with ``fake``
+    as its shape function, which torch.compile calls without looking inside."""
 
     def register(fn):
         if triton_op is not None and not interpreting():
-            return triton_op(name, mutates_args=(), schema=schema)(fn)
+            try:
+                return triton_op(name, mutates_args=(), schema=schema)(fn)
+            except ValueError:  # torch 2.11's triton_op infers the schema and cannot read ``*scalars``: opaque op
+                pass
         op = torch.library.custom_op(name, mutates_args=(), schema=schema)(fn)
         op.register_fake(fake)
         return op
