@@ -20,7 +20,8 @@ print(f"{gpu}: torch {torch.__version__}, Triton {triton.__version__}, timm {tim
 PY
 # pyproject's addopts ask for pytest-xdist and pytest-timeout (the dev extra), which the GPU machine's image may lack:
 # this run states its own options instead (its time limit is `timeout`'s).
-options=(-o "addopts=-ra --import-mode=importlib" -m cuda -q -p no:cacheprovider)
+# -v: each test's outcome as it ends, so a run stopped at its limit still names what failed
+options=(-o "addopts=-ra --import-mode=importlib" -m cuda -v -p no:cacheprovider)
 if "$python" -c "import xdist" 2>/dev/null; then options+=(-n 8); fi
 timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest "${options[@]}" \
     tests/ops/test_linear_attention_cuda.py tests/reliability/test_numerics.py 2>&1 | tee "$OUT/gpu-tests.txt"

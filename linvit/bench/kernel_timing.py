@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 
-from linvit.bench.kernel_resources import SHAPES, WINDOW_SIZE
-
 FORWARD_KERNELS = ("state_kernel", "output_kernel", "token_norms_kernel")
 
 
@@ -53,6 +51,8 @@ def _focused_call(shape, device):
 
 def _window_call(shape, device):
     from timm.models.swin_transformer import SwinTransformerBlock
+
+    from linvit.bench.kernel_resources import WINDOW_SIZE
 
     channels = shape.heads * shape.head_dim
     block = SwinTransformerBlock(channels, shape.hw, num_heads=shape.heads, window_size=WINDOW_SIZE, shift_size=0)
@@ -144,21 +144,30 @@ def _recording_spills(record: list):
     triton_precompile._spilled_registers = recorded
 
 
-def measure(iterations: int = 20) -> dict:
+def measure(iterations: int = 20, save=lambda result: None) -> dict:
+    """The measurements, step by step; ``save(result)`` after each one, so that a run stopped at its time limit
+    leaves what it measured."""
+    # imported here: kernel_resources clears TRITON_INTERPRET (it compiles for the GPU), which CPU tests rely on
+    from linvit.bench.kernel_resources import SHAPES
+
     device = torch.device("cuda")
     shape = SHAPES[0]
     call, inputs = _focused_call(shape, device)
     result = {"shape": shape.name, "iterations": iterations, "gpu": torch.cuda.get_device_name(), "spills": []}
     _recording_spills(result["spills"])
     result["first_call_gradient_error"] = first_call_agreement(call, inputs)
+    result["configurations"] = chosen_configurations()
+    save(result)
     with torch.no_grad():
         result["focused_forward"] = kernel_times(lambda: call(), iterations)
+    save(result)
     result["focused_forward_backward"] = kernel_times(_backward_step(call, inputs), iterations)
-    result["configurations"] = chosen_configurations()
+    save(result)
     window, window_inputs = _window_call(shape, device)
     with torch.no_grad():
         result["window_forward"] = kernel_times(window, iterations)
     result["window_forward_backward"] = kernel_times(_backward_step(window, window_inputs), iterations)
+    save(result)
     return result
 
 
@@ -168,7 +177,7 @@ def total_ms(times: dict[str, dict]) -> float:
 
 def report(result: dict) -> str:
     lines = [f"# Kernel timing on {result['gpu']}", "", f"Shape: {result['shape']}; {result['iterations']} calls.", ""]
-    errors = ", ".join(f"{name} {value:.2e}" for name, value in result["first_call_gradient_error"].items())
+    errors = ", ".join(f"{name} {value:.2e}" for name, value in result.get("first_call_gradient_error", {}).items())
     lines += [f"First (autotuning) call's gradients against the torch backend, max |diff| / max |torch|: {errors}.", ""]
     sections = (
         ("focused, forward", "focused_forward"),
@@ -177,6 +186,9 @@ def report(result: dict) -> str:
         ("window, forward+backward", "window_forward_backward"),
     )
     for title, key in sections:
+        if key not in result:  # the run stopped before it
+            lines += [f"## {title}: not measured", ""]
+            continue
         times = result[key]
         lines += [f"## {title}: {total_ms(times):.3f} ms of kernels per call", ""]
         lines += ["| kernel | µs per call | launches |", "|---|---:|---:|"]
@@ -186,7 +198,7 @@ def report(result: dict) -> str:
     lines += ["## Autotune: spills read by the pruning (registers spilled; None: not read)", ""]
     lines += [f"- {entry['kernel']} {entry['config']}: {entry['spills']}" for entry in result.get("spills", [])]
     lines += ["", "## Autotune: chosen and measured configurations", ""]
-    for name, entry in result["configurations"].items():
+    for name, entry in result.get("configurations", {}).items():
         measured = ", ".join(f"{config} {ms:.3f} ms" for config, ms in entry["measured_ms"].items())
         lines.append(f"- {name}: chosen {'; '.join(entry['chosen'])}; measured {measured or '-'}")
     return "\n".join(lines) + "\n"
@@ -200,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: kernel timing needs a CUDA GPU", file=sys.stderr)
         return 1
-    result = measure(args.iterations)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernel-timing.json").write_text(json.dumps(result, indent=1))
-    text = report(result)
-    (args.out / "kernel-timing.md").write_text(text)
-    print(text)
+
+    def save(result: dict) -> None:
+        (args.out / "kernel-timing.json").write_text(json.dumps(result, indent=1))
+        (args.out / "kernel-timing.md").write_text(report(result))
+
+    print(report(measure(args.iterations, save)))
     return 0
 
 
