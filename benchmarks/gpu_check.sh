@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks a lent GPU is for, in one command sized for a 15-minute lease (issue 18): the GPU test tier
+# The checks a lent GPU is for, in one command sized for a 15-minute lease (issue 18): each kernel timed at the cost
+# figure's benchmark shape (benchmarks/kernel_timing.py, under 150 s), the GPU test tier
 # (`pytest -m cuda`: the kernels compiled in bf16/fp16/fp32 against the reference, whole models against the eager
 # backend, autocast numerics; spread over the CPU cores with pytest-xdist where it is installed, since compiling is
 # most of its time), then the target table (what `run_gpu.sh` runs). Each step has its own time limit, so the table runs
@@ -18,6 +19,11 @@ import torch, triton, timm
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(f"{gpu}: torch {torch.__version__}, Triton {triton.__version__}, timm {timm.__version__}")
 PY
+# Each kernel at the cost figure's benchmark shape, timed, with the first autotuning call's gradients checked; it saves
+# after each step, so its limit leaves what it measured
+timeout "${GPU_TIMING_SECONDS:-150}" "$python" -m benchmarks.kernel_timing --out "$OUT" 2>&1 | tail -n 120 \
+    > "$OUT/kernel-timing.log"
+timing=${PIPESTATUS[0]}
 # pyproject's addopts ask for pytest-xdist and pytest-timeout (the dev extra), which the GPU machine's image may lack:
 # this run states its own options instead (its time limit is `timeout`'s).
 # -v: each test's outcome as it ends, so a run stopped at its limit still names what failed
@@ -28,5 +34,5 @@ timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest "${options[@]}" \
 tests=${PIPESTATUS[0]}
 timeout "${GPU_TABLE_SECONDS:-280}" "$python" -m benchmarks.gpu --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-targets.txt"
 table=${PIPESTATUS[0]}
-echo "gpu_check: tests exit $tests, target table exit $table" | tee -a "$OUT/gpu-versions.txt"
-exit $(( tests || table ))
+echo "gpu_check: kernel timing exit $timing, tests exit $tests, target table exit $table" | tee -a "$OUT/gpu-versions.txt"
+exit $(( timing || tests || table ))

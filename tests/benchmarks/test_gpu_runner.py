@@ -107,12 +107,14 @@ def test_compile_child_reports_compile_time_and_gain():
 @pytest.mark.slow
 @pytest.mark.parametrize("dev_plugins", [True, False], ids=["with_the_dev_plugins", "bare_pytest"])
 def test_gpu_check_runs_both_steps_and_records_them(tmp_path, dev_plugins):
-    """benchmarks/gpu_check.sh (the one command for a lent GPU) runs the GPU test tier and then the target table, each
-    under its own limit, and leaves versions and logs in OUT. On a machine without a GPU the tier skips and the table
-    says it has no CUDA device: the script still runs both steps and reports both exit codes. The GPU machine's image
+    """benchmarks/gpu_check.sh (the one command for a lent GPU) runs the kernel timing, the GPU test tier and then the
+    target table, each under its own limit, and leaves versions and logs in OUT. On a machine without a GPU the timing
+    and the table say there is no CUDA device and the tier skips: the script still runs every step and reports each
+    exit code. The GPU machine's image
     may have pytest without pytest-xdist and pytest-timeout, whose options pyproject's addopts give: it runs there
     too."""
-    environment = {**os.environ, "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60", "PYTHON": sys.executable}
+    environment = {**os.environ, "GPU_TIMING_SECONDS": "60", "GPU_TESTS_SECONDS": "120", "GPU_TABLE_SECONDS": "60",
+                   "PYTHON": sys.executable}  # fmt: skip
     environment.pop("TRITON_INTERPRET", None)
     if not dev_plugins:  # neither importable nor loaded by pytest
         environment["PYTHONPATH"] = _pythonpath_blocking(tmp_path / "blocked", names=("xdist",))
@@ -126,4 +128,6 @@ def test_gpu_check_runs_both_steps_and_records_them(tmp_path, dev_plugins):
     assert "torch" in versions and "Triton" in versions
     if not torch.cuda.is_available():
         assert "skipped" in (tmp_path / "gpu-tests.txt").read_text(), (tmp_path / "gpu-tests.txt").read_text()[-2000:]
-        assert "gpu_check: tests exit 0, target table exit 1" in versions and done.returncode == 1
+        assert "gpu_check: kernel timing exit 1, tests exit 0, target table exit 1" in versions
+        timing = (tmp_path / "kernel-timing.log").read_text()
+        assert done.returncode == 1 and "error: kernel timing needs a CUDA GPU" in timing
