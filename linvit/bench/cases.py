@@ -136,10 +136,10 @@ RUNTIMES = {
 }
 
 
-def deploy_cases(models: list[str], sizes: list[int]) -> list[dict]:
+def deploy_cases(models: list[str], sizes: list[int], runtimes=RUNTIMES) -> list[dict]:
     return [
         {"suite": "deploy", "model": model, "size": size, "runtime": runtime, "batch": 1}
         for model in models
         for size in sizes
-        for runtime in RUNTIMES
+        for runtime in runtimes
     ]

@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models", default=None, help="backbones/training/compile/deploy models (default: each suite's own list)"
     )
     parser.add_argument(
+        "--runtimes", default=None, help="deploy suite runtimes, e.g. torch_eager,onnxruntime_cpu (default all)"
+    )
+    parser.add_argument(
         "--sizes",
         default=None,
         help="backbone input sizes, e.g. 224,1024,2560x1600 (W×H); the deploy suite takes the square ones",
@@ -110,6 +113,10 @@ def _settings(args) -> dict:
     unknown = sorted(set(suites) - set(suite_cases.SUITES))
     if unknown:
         raise SystemExit(f"--only: unknown suite(s) {unknown}; choose among {list(suite_cases.SUITES)}")
+    runtimes = _csv(args.runtimes, suite_cases.RUNTIMES)
+    unknown = sorted(set(runtimes) - set(suite_cases.RUNTIMES))
+    if unknown:
+        raise SystemExit(f"--runtimes: unknown runtime(s) {unknown}; choose among {list(suite_cases.RUNTIMES)}")
     ops = _csv(args.ops, suite_cases.OPERATORS)
     unknown = sorted(set(ops) - set(suite_cases.OPERATORS))
     if unknown:
@@ -124,6 +131,7 @@ def _settings(args) -> dict:
         if args.heads
         else ([(2, 16)] if quick else suite_cases.HEAD_CONFIGS),
         "ops": ops,
+        "runtimes": runtimes,
         "modes": _csv(args.modes, ("fwd", "fwdbwd")),
         "models": _csv(args.models, suite_cases.BACKBONES),
         "train_models": _csv(
@@ -350,7 +358,8 @@ def _run_suites(args, settings: dict, command: str, results_dir: Path | None) ->
         elif suite == "deploy":
             sizes = [height for height, width in settings["sizes"] if height == width] if args.sizes else None
             models = _csv(args.models, suite_cases.DEPLOY_MODELS)
-            cases = suite_cases.deploy_cases(list(models), sizes or list(suite_cases.DEPLOY_SIZES))
+            sizes = sizes or list(suite_cases.DEPLOY_SIZES)
+            cases = suite_cases.deploy_cases(list(models), sizes, settings["runtimes"])
             memory_cases = []
         else:
             cases = suite_cases.compile_cases(settings["models"], settings["compile_sizes"])

@@ -26,8 +26,13 @@ def test_deploy_suite_takes_the_models_and_sizes_given(tmp_path):
     args = run.build_parser().parse_args(["--only", "deploy", "--models", "convnext_tiny", "--sizes", "256"])
     settings = run._settings(args)
     sizes = [height for height, width in settings["sizes"] if height == width]
-    cases = deploy_cases(run._csv(args.models, DEPLOY_MODELS), sizes)
+    cases = deploy_cases(run._csv(args.models, DEPLOY_MODELS), sizes, settings["runtimes"])
     assert {(c["model"], c["size"]) for c in cases} == {("convnext_tiny", 256)}
+    assert {c["runtime"] for c in cases} == set(RUNTIMES)
+    args = run.build_parser().parse_args(["--only", "deploy", "--runtimes", "torch_eager, onnxruntime_int8"])
+    assert run._settings(args)["runtimes"] == ["torch_eager", "onnxruntime_int8"]
+    with pytest.raises(SystemExit, match="unknown runtime"):
+        run._settings(run.build_parser().parse_args(["--only", "deploy", "--runtimes", "tensorrt"]))
 
 
 def test_deploy_table_reports_the_ratio_to_eager():
