@@ -84,3 +84,39 @@ def plot_backbones(index: dict, out_dir: Path, field: str, ylabel: str, filename
         save_figure(fig, Path(out_dir) / filename, dpi=90, force=force)
     finally:
         plt.close(fig)
+
+
+def plot_deploy(index: dict, out_dir: Path, filename: str, force: bool = False) -> None:
+    """Deploy suite: latency against pixels, one panel per runtime, one line per model (linvit's solid)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in suite_rows(index, "deploy") if measured(r) is not None]
+    runtimes = list(dict.fromkeys(r["case"]["runtime"] for r in suite_rows(index, "deploy"))) or ["torch_eager"]
+    models = list(dict.fromkeys(r["case"]["model"] for r in suite_rows(index, "deploy")))
+    fig, axes = plt.subplots(1, len(runtimes), figsize=(3.2 * len(runtimes), 3.6), sharey=True, squeeze=False)
+    for ax, runtime in zip(axes[0], runtimes):
+        for color, model in enumerate(models):
+            points = sorted(
+                (r["case"]["size"] ** 2, r["latency_ms"])
+                for r in rows
+                if r["case"]["model"] == model and r["case"]["runtime"] == runtime
+            )
+            if points:
+                style = "-" if model.startswith(("linvit_", "flatten_")) else "--"
+                ax.plot(*zip(*points), style, marker="o", label=model, color=f"C{color % 10}")
+        ax.set_title(runtime, fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("pixels")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("latency, batch 1 (ms)")
+    if rows:
+        axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    try:  # a file linvit did not write there: refused unless force (linvit.io.destination)
+        save_figure(fig, Path(out_dir) / filename, dpi=90, force=force)
+    finally:
+        plt.close(fig)

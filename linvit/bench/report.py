@@ -475,6 +475,8 @@ def render(data: dict) -> str:
     lines += _deploy_table(index)
     lines += _notes(index)
     plots = ["operators_latency.png", "operators_memory.png", "backbones_latency.png", "backbones_memory.png"]
+    if suite_rows(index, "deploy"):
+        plots.append("deploy_latency.png")
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(lines)
 
@@ -485,6 +487,7 @@ REPORT_FILES = (
     "operators_memory.png",
     "backbones_latency.png",
     "backbones_memory.png",
+    "deploy_latency.png",
 )
 
 
@@ -502,13 +505,15 @@ def write_report(out_dir: Path, data: dict | None = None, force: bool = False) -
         data = json.loads((out_dir / "results.json").read_text())
     text = render(data)
     index = _index(data)
-    from linvit.bench.plots import plot_backbones, plot_operators  # imports matplotlib: only when drawing
+    from linvit.bench.plots import plot_backbones, plot_deploy, plot_operators  # imports matplotlib: when drawing
 
     memory = "peak memory above baseline (MiB)"
     plot_operators(index, out_dir, "latency_ms", "latency (ms)", "operators_latency.png", force=force)
     plot_operators(index, out_dir, "activation_mib", memory, "operators_memory.png", force=force)
     plot_backbones(index, out_dir, "latency_ms", "latency per image (ms)", "backbones_latency.png", force=force)
     plot_backbones(index, out_dir, "activation_mib", memory, "backbones_memory.png", force=force)
+    if suite_rows(index, "deploy"):
+        plot_deploy(index, out_dir, "deploy_latency.png", force=force)
     return write_text(out_dir / "RESULTS.md", text, "bench-report", force=force)
 
 

@@ -94,3 +94,22 @@ def test_deploy_table_reports_int8_against_fp32_onnxruntime():
     text = "\n".join(_deploy_table(rows))
     assert "| linvit_tiny | 512² | onnxruntime_int8 | 125 | – | 2.40× |" in text
     assert "- linvit_tiny at 512²: int8 1.60× faster than fp32" in text
+
+
+def test_the_report_draws_the_deploy_suite_beside_its_tables(tmp_path):
+    pytest.importorskip("matplotlib")
+    from linvit.bench.report import write_report
+
+    records = []
+    for model, size, runtime, ms in (
+        ("linvit_tiny", 512, "torch_eager", 300.0),
+        ("linvit_tiny", 1024, "torch_eager", 1200.0),
+        ("convnext_tiny", 512, "onnxruntime_cpu", 250.0),
+    ):
+        case = {"suite": "deploy", "model": model, "size": size, "runtime": runtime, "batch": 1}
+        records.append({"key": f"{model}-{size}-{runtime}", "kind": "latency", "case": case, "status": "ok",
+                        "latency_ms": ms})  # fmt: skip
+    write_report(tmp_path, {"records": records, "runs": []})
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "![deploy_latency.png](deploy_latency.png)" in text and "| linvit_tiny | torch_eager | 4.0× |" in text
+    assert (tmp_path / "deploy_latency.png").read_bytes().startswith(b"\x89PNG")
