@@ -208,15 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench-results/cuda"))
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--force", action="store_true", help="replace files in --out that linvit did not write")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: kernel timing needs a CUDA GPU", file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
+    from linvit.io.destination import DestinationError, check_destination, write_text
 
-    def save(result: dict) -> None:
-        (args.out / "kernel-timing.json").write_text(json.dumps(result, indent=1))
-        (args.out / "kernel-timing.md").write_text(report(result))
+    files = {"json": args.out / "kernel-timing.json", "md": args.out / "kernel-timing.md"}
+    try:  # before the minutes on the GPU: a file there that linvit did not write is refused (--force replaces it)
+        for name, path in files.items():
+            check_destination(path, "bench-results" if name == "json" else "bench-report", force=args.force)
+    except DestinationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+    def save(result: dict) -> None:  # after each step (linvit's own file from the first: the next save replaces it)
+        write_text(files["json"], json.dumps(result, indent=1), "bench-results", force=args.force)
+        write_text(files["md"], report(result), "bench-report", force=args.force)
 
     print(report(measure(args.iterations, save)))
     return 0

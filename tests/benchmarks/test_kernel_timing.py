@@ -42,3 +42,25 @@ def test_importing_it_leaves_the_interpreter_setting_alone():
     environment = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_it_saves_after_each_step_and_never_over_a_users_file(monkeypatch, tmp_path, capsys):
+    steps = []
+
+    def measure(iterations, save):
+        for step in ({"first_call_gradient_error": {"x": 0.0}}, {"focused_forward": {}}):
+            steps.append(step)
+            save(_result(**{key: value for done in steps for key, value in done.items()}))
+        return _result()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(kernel_timing, "measure", measure)
+    (tmp_path / "kernel-timing.md").write_text("the user's notes")
+    assert kernel_timing.main(["--out", str(tmp_path)]) == 1
+    assert "kernel-timing.md" in capsys.readouterr().err and steps == []  # refused before measuring
+    assert (tmp_path / "kernel-timing.md").read_text() == "the user's notes"
+    out = tmp_path / "fresh"
+    assert kernel_timing.main(["--out", str(out)]) == 0
+    assert "## focused, forward: 0.000 ms" in (out / "kernel-timing.md").read_text()
+    assert '"focused_forward"' in (out / "kernel-timing.json").read_text()
