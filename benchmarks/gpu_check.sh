@@ -20,19 +20,24 @@ gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(f"{gpu}: torch {torch.__version__}, Triton {triton.__version__}, timm {timm.__version__}")
 PY
 # Each kernel at the cost figure's benchmark shape, timed, with the first autotuning call's gradients checked; it saves
-# after each step, so its limit leaves what it measured
-timeout "${GPU_TIMING_SECONDS:-150}" "$python" -m benchmarks.kernel_timing --out "$OUT" 2>&1 | tail -n 120 \
-    > "$OUT/kernel-timing.log"
-timing=${PIPESTATUS[0]}
+# after each step, so its limit leaves what it measured. At the limit it gets SIGABRT, on which Python's faulthandler
+# writes every thread's stack to the log: a step that never ends says where it waits.
+timeout -s ABRT "${GPU_TIMING_SECONDS:-150}" "$python" -X faulthandler -m benchmarks.kernel_timing --out "$OUT" \
+    > "$OUT/kernel-timing.log" 2>&1
+timing=$?
 # pyproject's addopts ask for pytest-xdist and pytest-timeout (the dev extra), which the GPU machine's image may lack:
 # this run states its own options instead (its time limit is `timeout`'s).
 # -v: each test's outcome as it ends, so a run stopped at its limit still names what failed
-options=(-o "addopts=-ra --import-mode=importlib" -m cuda -v -p no:cacheprovider)
+# --durations: which tests the limit is spent on
+options=(-o "addopts=-ra --import-mode=importlib" -m cuda -v -p no:cacheprovider --durations=20)
 if "$python" -c "import xdist" 2>/dev/null; then options+=(-n 8); fi
 timeout "${GPU_TESTS_SECONDS:-300}" "$python" -m pytest "${options[@]}" \
     tests/ops/test_linear_attention_cuda.py tests/reliability/test_numerics.py 2>&1 | tee "$OUT/gpu-tests.txt"
 tests=${PIPESTATUS[0]}
-timeout "${GPU_TABLE_SECONDS:-280}" "$python" -m benchmarks.gpu --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-targets.txt"
+# the table's own budget ends 40 s before the limit, so it skips the rows that would not fit and still writes itself
+table_seconds=${GPU_TABLE_SECONDS:-280}
+timeout "$table_seconds" "$python" -m benchmarks.gpu --device cuda --out "$OUT" --budget $((table_seconds > 80 ? table_seconds - 40 : 40)) \
+    2>&1 | tee "$OUT/gpu-targets.txt"
 table=${PIPESTATUS[0]}
 echo "gpu_check: kernel timing exit $timing, tests exit $tests, target table exit $table" | tee -a "$OUT/gpu-versions.txt"
 exit $(( timing || tests || table ))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -150,6 +151,13 @@ def measure(iterations: int = 20, save=lambda result: None) -> dict:
     # imported here: kernel_resources clears TRITON_INTERPRET (it compiles for the GPU), which CPU tests rely on
     from linvit.bench.kernel_resources import SHAPES
 
+    started = time.monotonic()
+
+    def saved(step: str) -> None:  # the seconds each step ended at, in the result and on stderr as it goes
+        result.setdefault("step_seconds", {})[step] = round(time.monotonic() - started, 1)
+        print(f"kernel_timing: {step} done at {result['step_seconds'][step]} s", file=sys.stderr, flush=True)
+        save(result)
+
     device = torch.device("cuda")
     shape = SHAPES[0]
     call, inputs = _focused_call(shape, device)
@@ -157,17 +165,17 @@ def measure(iterations: int = 20, save=lambda result: None) -> dict:
     _recording_spills(result["spills"])
     result["first_call_gradient_error"] = first_call_agreement(call, inputs)
     result["configurations"] = chosen_configurations()
-    save(result)
+    saved("first call (compile, autotune, gradients)")
     with torch.no_grad():
         result["focused_forward"] = kernel_times(lambda: call(), iterations)
-    save(result)
+    saved("focused forward")
     result["focused_forward_backward"] = kernel_times(_backward_step(call, inputs), iterations)
-    save(result)
+    saved("focused forward+backward")
     window, window_inputs = _window_call(shape, device)
     with torch.no_grad():
         result["window_forward"] = kernel_times(window, iterations)
     result["window_forward_backward"] = kernel_times(_backward_step(window, window_inputs), iterations)
-    save(result)
+    saved("window")
     return result
 
 
@@ -179,6 +187,8 @@ def report(result: dict) -> str:
     lines = [f"# Kernel timing on {result['gpu']}", "", f"Shape: {result['shape']}; {result['iterations']} calls.", ""]
     errors = ", ".join(f"{name} {value:.2e}" for name, value in result.get("first_call_gradient_error", {}).items())
     lines += [f"First (autotuning) call's gradients against the torch backend, max |diff| / max |torch|: {errors}.", ""]
+    steps = ", ".join(f"{step} {seconds} s" for step, seconds in result.get("step_seconds", {}).items())
+    lines += [f"Steps ended at: {steps or '-'}.", ""]
     sections = (
         ("focused, forward", "focused_forward"),
         ("focused, forward+backward", "focused_forward_backward"),
