@@ -120,7 +120,8 @@ def chosen_configurations() -> dict[str, dict]:
     from linvit.ops.linear_attention import triton as triton_backend
 
     chosen = {}
-    for name, tuner in triton_backend._tuned_kernels.items():
+    for key, tuner in triton_backend._tuned_kernels.items():
+        name = " ".join(str(part) for part in key)  # kernel, N bucket, sizes, dtypes, traced
         measured = getattr(tuner, "configs_timings", None) or {}
         chosen[name] = {
             "chosen": [str(config) for config in tuner.cache.values()],

@@ -22,6 +22,26 @@ pytestmark = [
 
 # tf32 keeps 10 mantissa bits, bf16 7, fp16 10: the tolerances of each input dtype, relative to the largest value
 TOLERANCES = {torch.float32: (2e-3, 5e-3), torch.bfloat16: (3e-2, 6e-2), torch.float16: (1e-2, 3e-2)}
+# ...or this many times what rounding the inputs to the dtype alone moves the reference, where that is more: the
+# plain ReLU map's normalizer is ill-conditioned at some keys, and bf16 inputs alone move its qkv and positional
+# gradients by 0.09 / 0.22 of their largest value ("relu", measured in float64 on the CPU), whatever the kernel does
+ROUNDING_FACTOR = 3.0
+
+
+def _rounding_error(reference: str, qkv, kwargs, grad_out, expected, expected_grads, dtype) -> list[float]:
+    """Per output (value, then each gradient): how far ``reference`` moves, in float64, when its inputs are first
+    rounded to ``dtype``."""
+    rounded_qkv, rounded_kwargs = _cast(qkv, kwargs, dtype, torch.device("cpu"))
+    qkv64, kwargs64 = _cast(rounded_qkv, rounded_kwargs, torch.float64, torch.device("cpu"))
+    out, grads = _run(reference, qkv64, kwargs64, grad_out.to(dtype).double())
+    return [_relative_error(got, want) for got, want in zip([out, *grads], [expected, *expected_grads])]
+
+
+def _relative_error(got, expected) -> float:
+    return float(
+        (got.detach().double() - expected.detach().double()).abs().max()
+        / expected.detach().double().abs().max().clamp_min(1e-30)
+    )
 
 
 def _pinned_config(label: str) -> tuple[int, int, int]:
@@ -50,9 +70,10 @@ def _compiled_agrees(reference: str, qkv, kwargs, dtype, pin: str | None = None,
     with pinned_tiles(_pinned_config(pin)) if pin else contextlib.nullcontext():
         out, grads = _run("triton", qkv_gpu, kwargs_gpu, grad_out.to("cuda", dtype))
     value_tolerance, grad_tolerance = TOLERANCES[dtype]
-    _assert_close(out.float().cpu(), expected, value_tolerance)
-    for got, want in zip(grads, expected_grads):
-        _assert_close(got.float().cpu(), want, grad_tolerance)
+    rounding = _rounding_error(reference, qkv, kwargs, grad_out, expected, expected_grads, dtype)
+    tolerances = [value_tolerance] + [grad_tolerance] * len(grads)
+    for got, want, tolerance, moved in zip([out, *grads], [expected, *expected_grads], tolerances, rounding):
+        _assert_close(got.float().cpu(), want, max(tolerance, ROUNDING_FACTOR * moved))
 
 
 # every case in bf16 (the training dtype); fp16 and fp32 on a few that cover the kernels' paths: the focused map with

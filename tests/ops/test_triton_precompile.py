@@ -140,3 +140,35 @@ def test_while_torch_compile_traces_every_configuration_stays():
         qkv = torch.zeros(2, 64, 24)
     kept = spill_free(kernel)(_configs(16, 32, 64), {}, qkv_ptr=qkv, grid=(1,), warmup=False)
     assert len(kept) == 3 and kernel.calls == []
+
+
+class _TunableSpillingKernel(_SpillingKernel):
+    """A _SpillingKernel that `triton.autotune` can wrap (it reads the parameter names and the function)."""
+
+    arg_names = ["qkv_ptr", "N", "H", "D", "MAP", "N_BUCKET", "BLOCK_N"]
+
+    @staticmethod
+    def fn():
+        pass
+
+
+def test_the_launched_autotuner_is_pruned_already_and_kept_per_autotune_key(monkeypatch):
+    """The autotuner each launch runs holds the spill-free configurations and no pruning of its own: torch's
+    ``wrap_triton`` reruns an autotuner's ``prune_configs_by`` itself and builds a new autotuner, with an empty cache,
+    from its result on every call, so every call autotuned again (1.5 s per forward call on an H200). One autotuner
+    per autotune key, so its cache lasts; under fake tensors (torch.compile tracing) the whole space, apart."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from linvit.ops.linear_attention import triton as triton_backend
+
+    monkeypatch.setattr(triton_backend, "_tuned_kernels", {})
+    kernel = _TunableSpillingKernel({16: 0, 32: 0, 64: 368})
+    tuned = triton_backend._tuned(_launch(kernel))
+    assert tuned.early_config_prune is None and tuned.perf_model is None
+    assert {config.kwargs["BLOCK_N"] for config in tuned.configs} == {16, 32}
+    assert triton_backend._tuned(_launch(kernel)) is tuned
+    assert triton_backend._tuned(_launch(kernel, dtype=torch.float16)) is not tuned
+    assert triton_backend._tuned(_launch(kernel, tokens=8192)) is not tuned
+    with FakeTensorMode():
+        traced = triton_backend._tuned(_launch(kernel))
+    assert traced is not tuned and {config.kwargs["BLOCK_N"] for config in traced.configs} == {16, 32, 64}
