@@ -72,7 +72,8 @@ def precompile(launches: list[triton_geometry.Launch]) -> None:
 
 
 def spill_free(kernel):
-    """An ``early_config_prune`` for `triton.autotune` of ``kernel`` (a @triton.jit function): the configurations
+    """A pruning of ``kernel``'s (a @triton.jit function's) autotune space, with the signature of `triton.autotune`'s
+    ``early_config_prune`` (the backend applies it before making the autotuner, `triton._tuned`): the configurations
     whose compiled code spills no registers, or, if every one spills, those that spill least. A configuration whose
     spills cannot be read (it does not compile or load: the autotuner reports that itself) is kept, and so is every
     one while torch.compile traces the op on fake tensors (inductor then tunes the whole space)."""
