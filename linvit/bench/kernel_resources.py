@@ -52,7 +52,7 @@ from linvit.bench.kernel_cost import (  # noqa: E402
     unlaunchable,
 )
 from linvit.ops.linear_attention import triton_geometry, triton_launch  # noqa: E402
-from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU  # noqa: E402
+from linvit.ops.linear_attention.triton_feature_maps import ELU, FOCUSED, RELU  # noqa: E402
 
 _MAPS = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -8,7 +8,8 @@ the small gradients (inverse temperature, DWC weight and bias) as one fp32 vecto
 (``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
 The launches are planned in `triton_launch.py` (grids, chunking and the autotune space in `triton_geometry.py`, the
 DWC's taps in `triton_taps.py`), a new shape's tile configurations compiled in parallel before autotuning by
-`triton_precompile.py`; the kernels are described in `triton_forward.py` and `triton_backward.py`.
+`triton_precompile.py`; the kernels are described in `triton_forward.py` and `triton_backward.py`, their tile
+helpers in `triton_tiles.py` and their feature maps in `triton_feature_maps.py`.
 
 Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (the halo from cache,
 4C B), and writes the output (2C B); backward reads q and dL/dout (4C B), k|v and dL/dout with its DWC taps (6C B),
@@ -26,8 +27,8 @@ from torch._guards import detect_fake_mode
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_geometry, triton_launch, triton_precompile
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
+from linvit.ops.linear_attention.triton_feature_maps import ELU, FOCUSED, RELU
 from linvit.ops.linear_attention.triton_geometry import KernelOptions
-from linvit.ops.linear_attention.triton_tiles import ELU, FOCUSED, RELU
 from linvit.ops.windows import window_keys
 
 try:  # torch >= 2.6: Triton ops, whose kernels torch.compile sees

@@ -32,6 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linvit.ops.linear_attention import triton_feature_maps as maps
 from linvit.ops.linear_attention import triton_tiles as tiles
 
 
@@ -88,15 +89,15 @@ def query_grad_kernel(
                                                      WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         g = tiles.load_tile(do_base, places, ok, do_stride_n, channels)
-        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-        phi = tl.where(ok, tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, False,
+        m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi = tl.where(ok, maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, False,
                                           TOKEN_NORMS), 0.0)  # fmt: skip
         num = tiles.head_product(phi.to(s.dtype), s, H_PAD, DOT_PRECISION)
         inv_den = 1.0 / (tl.sum(phi * z[:, None, :], axis=2) + eps)  # as in the forward; a division per token
         dnum = g * inv_den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) * inv_den
         dphi = tiles.head_product(dnum.to(s.dtype), s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
-        _, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
+        _, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
                                                 sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
         tl.store(dq_base + places[None, :, None] * dqk_stride_n + channels, dx, mask=ok)
         if TOKEN_NORMS:
@@ -176,8 +177,8 @@ def key_value_grad_kernel(
                             False)  # fmt: skip
         v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
         dphi = tiles.head_product(v.to(gs_t.dtype), gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
-        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-        phi, dx, dinv, cross = tiles.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
+        m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
                                                   sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
         tl.store(dk_base + places[None, :, None] * dk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
         if TOKEN_NORMS:
@@ -321,10 +322,10 @@ def cross_head_grad_kernel(
 ):  # fmt: skip
     """dq and dk with the focused map's cross-head term (head groups) for the tokens of chunk t of batch element b and
     the heads of group ``program_id(2)``: their values without it (dqk_ptr, columns 0 … 2C) plus each token's cross
-    summed over the groups' shares times a factor of its own channels (`triton_tiles.cross_head_grad`), written to
-    dqkv_ptr; and the chunk's row of the queries' temperature partials (grads_ptr) plus the term's share, written to
-    its row of cross_grads_ptr. It reads no buffer it writes, so that a launch run again (autotuning) gives the same
-    result."""
+    summed over the groups' shares times a factor of its own channels (`triton_feature_maps.cross_head_grad`),
+    written to dqkv_ptr; and the chunk's row of the queries' temperature partials (grads_ptr) plus the term's share,
+    written to its row of cross_grads_ptr. It reads no buffer it writes, so that a launch run again (autotuning) gives
+    the same result."""
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -352,8 +353,8 @@ def cross_head_grad_kernel(
             for group in tl.static_range(GROUPS):
                 cross += tl.load(cross_base + places * (2 * GROUPS) + which * GROUPS + group, mask=row_ok,
                                  other=0.0)  # fmt: skip
-            m, sq_a, sq_y = tiles.load_norms(norms_base + 3 * (1 - which), places, row_ok, True)
-            dx, dinv = tiles.cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER)
+            m, sq_a, sq_y = maps.load_norms(norms_base + 3 * (1 - which), places, row_ok, True)
+            dx, dinv = maps.cross_head_grad(x, inv, channel_ok, cross, feature_eps, m, sq_a, sq_y, POWER)
             partial = tl.load(partial_base + which * (H * D) + places[None, :, None] * dqk_stride_n + channels, mask=ok,
                               other=0.0)  # fmt: skip
             grad = dq_base + which * (H * D) + places[None, :, None] * dqkv_stride_n + channels

@@ -26,6 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linvit.ops.linear_attention import triton_feature_maps as maps
 from linvit.ops.linear_attention import triton_tiles as tiles
 
 
@@ -67,8 +68,8 @@ def state_kernel(
         ok = keep[None, :, None] & channel_ok
         x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
                             PRESCALED, ROWS_FIRST)  # fmt: skip
-        m, sq_a, sq_y = tiles.load_norms(norms_base, places, keep, TOKEN_NORMS)
-        phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+        m, sq_a, sq_y = maps.load_norms(norms_base, places, keep, TOKEN_NORMS)
+        phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
         phi = tl.where(ok, phi, 0.0)
         v = tiles.load_rows(v_base + places[None, :, None] * stride_n + channels, ok, 0.0, ROWS_FIRST)
         if HALF_DOT:  # bf16 operands, fp32 accumulation
@@ -119,8 +120,8 @@ def output_kernel(
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels, ROWS_FIRST)
-        m, sq_a, sq_y = tiles.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-        phi = tiles.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+        m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
+        phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
         phi = tl.where(ok, phi, 0.0)
         num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
@@ -161,8 +162,8 @@ def token_norms_kernel(
                                                      WINDOWED)  # fmt: skip
         keys = tiles.load_keys(q_base + H * D, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D,
                                HAS_POS, PRESCALED, ROWS_FIRST)  # fmt: skip
-        m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)
-        tiles.store_norms(norms_base, places, row_ok, m, sq_a, sq_y)
+        m, sq_a, sq_y = maps.token_norms(maps.focus_input(keys, inv, channel_ok, feature_eps, PRESCALED), POWER)
+        maps.store_norms(norms_base, places, row_ok, m, sq_a, sq_y)
         queries = tiles.load_tile(q_base, places, ok, stride_n, channels, ROWS_FIRST)
-        m, sq_a, sq_y = tiles.token_norms(tiles.focus_input(queries, inv, channel_ok, feature_eps, PRESCALED), POWER)
-        tiles.store_norms(norms_base + 3, places, row_ok, m, sq_a, sq_y)
+        m, sq_a, sq_y = maps.token_norms(maps.focus_input(queries, inv, channel_ok, feature_eps, PRESCALED), POWER)
+        maps.store_norms(norms_base + 3, places, row_ok, m, sq_a, sq_y)

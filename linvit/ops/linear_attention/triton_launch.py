@@ -15,6 +15,7 @@ from torch import Tensor
 
 from linvit.ops._backend import interpreting
 from linvit.ops.linear_attention import triton_backward, triton_forward, triton_geometry, triton_taps
+from linvit.ops.linear_attention.triton_feature_maps import FOCUSED, NORMS_PER_TOKEN
 from linvit.ops.linear_attention.triton_geometry import (
     Geometry,
     KernelOptions,
@@ -34,7 +35,6 @@ from linvit.ops.linear_attention.triton_taps import (
     tap_products,
     transposed_tap_products,
 )
-from linvit.ops.linear_attention.triton_tiles import FOCUSED, NORMS_PER_TOKEN
 
 __all__ = ["backward_plan", "forward_plan", "token_norms_shape"]
 
