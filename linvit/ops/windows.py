@@ -146,8 +146,10 @@ def window_position_index(
     """
     padded_h, padded_w = padded_grid_size(hw, window)
     tokens = window[0] * window[1]
-    rows = torch.remainder(torch.arange(hw[0], device=device) - shift[0], padded_h)  # row in the rolled map
-    cols = torch.remainder(torch.arange(hw[1], device=device) - shift[1], padded_w)
+    # row and column in the rolled map; by comparisons, not torch.remainder, whose value range inductor misreads
+    # (torch.compile failed in an index_select on this index: 'AssertionError: (VR[-int_oo, oo], VR[-int_oo, -1])')
+    rows = wrap_index(torch.arange(hw[0], device=device) - shift[0], padded_h)
+    cols = wrap_index(torch.arange(hw[1], device=device) - shift[1], padded_w)
     row_offset = torch.div(rows, window[0], rounding_mode="floor") * (padded_w // window[1]) * tokens
     row_offset = row_offset + torch.remainder(rows, window[0]) * window[1]
     col_offset = torch.div(cols, window[1], rounding_mode="floor") * tokens + torch.remainder(cols, window[1])

@@ -292,6 +292,22 @@ def test_window_attention_compiles_without_graph_breaks_and_keeps_gradients():
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # inductor's C++ code generation: about 15 s on 2 cores
+@pytest.mark.parametrize("hw", [(16, 16), (20, 12)], ids=["whole_windows", "padded"])
+def test_shifted_windows_compile_with_inductor(hw):
+    """The shifted windows' gather indices are built in the graph and compiled by inductor (its C++ code on the
+    CPU): with ``torch.remainder`` in the merge's index inductor misread its value range and failed
+    (``AssertionError: (VR[-int_oo, oo], VR[-int_oo, -1])``, linvit_tiny at 512² under `torch.compile`)."""
+    import torch._dynamo
+
+    module = _randomise(WindowAttention(32, 2, window_size=8, shift_size=4)).eval()
+    x = _tokens(1, hw, 32).float()
+    torch._dynamo.reset()
+    compiled = torch.compile(module)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, hw), module(x, hw), rtol=1e-5, atol=1e-6)
+
+
 def test_layouts_first_built_in_inference_mode_serve_training():
     """The size caches outlive the call that filled them: built under torch.inference_mode(), they must still be
     usable (and saved for backward) by a later training call."""
