@@ -102,9 +102,14 @@ def _cast(qkv, kwargs, dtype, device):
     return qkv.detach().to(device, dtype).requires_grad_(True), moved
 
 
-def _assert_close(got, expected, rtol):
+def _relative_error(got, expected) -> float:
     """Max-norm relative error (per tensor), the measure that suits values of very different sizes."""
-    error = (got.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1e-30)
+    got, expected = got.detach().double(), expected.detach().double()
+    return float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+
+
+def _assert_close(got, expected, rtol):
+    error = _relative_error(got, expected)
     assert error <= rtol, f"relative error {error:.2e} > {rtol:.0e}"
 
 

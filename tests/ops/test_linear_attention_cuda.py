@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 import torch
-from test_linear_attention import CASES, _assert_close, _cast, _inputs, _run, off_a_word
+from test_linear_attention import CASES, _assert_close, _cast, _inputs, _relative_error, _run, off_a_word
 
 pytestmark = [
     pytest.mark.cuda,
@@ -24,7 +24,7 @@ pytestmark = [
 TOLERANCES = {torch.float32: (2e-3, 5e-3), torch.bfloat16: (3e-2, 6e-2), torch.float16: (1e-2, 3e-2)}
 # ...or this many times what rounding the inputs to the dtype alone moves the reference, where that is more: the
 # plain ReLU map's normalizer is ill-conditioned at some keys, and bf16 inputs alone move its qkv and positional
-# gradients by 0.09 / 0.22 of their largest value ("relu", measured in float64 on the CPU), whatever the kernel does
+# gradients by 0.07 / 0.23 of their largest value ("relu", measured in float64 on the CPU), whatever the kernel does
 ROUNDING_FACTOR = 3.0
 
 
@@ -35,13 +35,6 @@ def _rounding_error(reference: str, qkv, kwargs, grad_out, expected, expected_gr
     qkv64, kwargs64 = _cast(rounded_qkv, rounded_kwargs, torch.float64, torch.device("cpu"))
     out, grads = _run(reference, qkv64, kwargs64, grad_out.to(dtype).double())
     return [_relative_error(got, want) for got, want in zip([out, *grads], [expected, *expected_grads])]
-
-
-def _relative_error(got, expected) -> float:
-    return float(
-        (got.detach().double() - expected.detach().double()).abs().max()
-        / expected.detach().double().abs().max().clamp_min(1e-30)
-    )
 
 
 def _pinned_config(label: str) -> tuple[int, int, int]:
