@@ -203,6 +203,9 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
     """
     if device.type != "cpu" or dtype != "fp32":
         raise Unavailable("the deploy suite compares CPU runtimes in fp32 (--device cpu --dtype fp32)")
+    bf16 = case["runtime"] == "torch_eager_bf16"
+    if bf16 and not cpu_has_bf16():
+        raise Unavailable("this CPU has no bf16 instructions (AVX512-BF16 or AMX): bf16 would be emulated")
     size = case["size"]
     torch.manual_seed(0)
     model = create_model(case["model"], (size, size)).eval()
@@ -213,9 +216,6 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
         if case["runtime"] == "torch_compile":
             forward = _compiled(model, x)
             info["compile_s"] = forward.compile_s
-        bf16 = case["runtime"] == "torch_eager_bf16"
-        if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            raise Unavailable("this CPU has no bf16 instructions (AVX512-BF16 or AMX): bf16 would be emulated")
 
         def run():
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -239,6 +239,11 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
         return session.run(None, feed)
 
     return run_onnx, info
+
+
+def cpu_has_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX); elsewhere it would emulate it, slowly."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _compiled(model: nn.Module, x: torch.Tensor):

@@ -79,9 +79,32 @@ def test_deploy_cases_measure_in_process():
 
     from linvit.bench import worker
 
+    from linvit.bench.models import cpu_has_bf16
+    from linvit.bench.operators import Unavailable
+
     args = argparse.Namespace(dtype="fp32", budget=0.01, repeats=1, warmup=1)
     for case in deploy_cases(["linvit_nano"], [96]):
+        if case["runtime"] == "torch_eager_bf16" and not cpu_has_bf16():
+            # A CPU without bf16 instructions (CI's AVX2 machines) would emulate it: the case says so and is not timed.
+            with pytest.raises(Unavailable, match="no bf16 instructions"):
+                worker.run_case(case, "latency", torch.device("cpu"), args)
+            continue
         assert worker.run_case(case, "latency", torch.device("cpu"), args)["latency_ms"] > 0
+
+
+def test_bf16_case_is_refused_in_one_line_on_a_cpu_without_bf16(monkeypatch):
+    import torch
+
+    from linvit.bench import models
+    from linvit.bench.operators import Unavailable
+
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: False)
+    case = {"suite": "deploy", "model": "linvit_nano", "size": 64, "runtime": "torch_eager_bf16", "batch": 1}
+    with pytest.raises(Unavailable, match="no bf16 instructions"):
+        models.deploy_callable(case, torch.device("cpu"), "fp32")
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: True)
+    run, _ = models.deploy_callable(case, torch.device("cpu"), "fp32")
+    assert run().dtype == torch.bfloat16  # autocast ran the model in bf16
 
 
 def test_deploy_table_reports_int8_against_fp32_onnxruntime():
