@@ -78,7 +78,6 @@ def test_deploy_cases_measure_in_process():
     import torch
 
     from linvit.bench import worker
-
     from linvit.bench.models import cpu_has_bf16
     from linvit.bench.operators import Unavailable
 

@@ -10,6 +10,10 @@ data instead; each returns the value and the reason, which the training log prin
 - epochs: enough whole epochs for ``target_steps`` optimizer steps (default 1,000), at most 300 (data that is not a
   folder, whose recipe is tuned to it: ``auto.epochs``, 20);
 - warm-up: as configured, at most ``scheduler.max_warmup_fraction`` of the run's optimizer steps (10%);
+- learning rate, with an auto batch: ``model.optimizer.lr`` is the rate for ``auto.lr_batch`` images (128, the batch
+  the model configs' 2e-3 was tuned at); another batch scales it by the square root of the ratio for adaptive
+  optimizers (Adam, AdamW, LAMB, ...) and linearly for others: timm train.py's ``--lr-base-scale`` rule. A 3-class,
+  40-per-class Fashion-MNIST folder (batch 8) reached 86.7% with 2e-3 and 94.3% with 5e-4;
 - augmentation: gentler for small images (< 64 px) and few images (< 2,000), where heavy augmentation keeps a
   small set from being learnt.
 
@@ -73,6 +77,20 @@ def auto_drop_last(train_images: int, effective_batch: int, even_batches: bool =
     if even_batches and left % 2:
         return Choice(True, f"mixup/cutmix need even batches: the last one, of {left} images, is dropped")
     return Choice(False, f"the last batch of {left} images is {100 * share:.1f}% of the training set: kept")
+
+
+def auto_batch_lr(lr: float, effective_batch: int, lr_batch: int, optimizer: str) -> Choice:
+    """``lr`` (the rate for ``lr_batch`` images) for ``effective_batch`` images per optimizer step: scaled by
+    ``sqrt(effective_batch / lr_batch)`` for adaptive optimizers (timm names holding "ada" or "lamb"), linearly for
+    the others (SGD, momentum)."""
+    adaptive = any(part in optimizer.lower() for part in ("ada", "lamb"))
+    ratio = effective_batch / lr_batch
+    factor = math.sqrt(ratio) if adaptive else ratio
+    rule = f"sqrt({effective_batch}/{lr_batch})" if adaptive else f"{effective_batch}/{lr_batch}"
+    reason = (
+        f"model.optimizer.lr={lr:g} is the rate for a batch of {lr_batch} (auto.lr_batch); x {rule} for {optimizer}"
+    )
+    return Choice(lr * factor, reason)
 
 
 def steps_per_epoch(train_images: int, effective_batch: int, drop_last: bool) -> int:

@@ -54,6 +54,7 @@ def _numbers(low: int, high: int, each: Callable[[Any], bool] = _is_number) -> C
 
 
 INTEGER = Wanted("an integer", _is_int)
+POSITIVE_INTEGER = Wanted("an integer above 0", lambda value: _is_int(value) and value > 0)
 NUMBER = Wanted("a finite number", _is_number)
 SWITCH = Wanted("true or false", lambda value: isinstance(value, bool))
 INTEGER_OR_FRACTION = Wanted("an integer (batches) or a number in [0, 1] (a fraction)", _is_number)
@@ -91,6 +92,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "train": SWITCH,
     "auto.target_steps": INTEGER,
     "auto.epochs": INTEGER,
+    "auto.lr_batch": POSITIVE_INTEGER.or_null(),
     "test": SWITCH,
     "resume": SWITCH,
     "trust_checkpoint": SWITCH,

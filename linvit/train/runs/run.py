@@ -165,6 +165,7 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
 
     processes = _processes(cfg.trainer)
     saved = _saved_choices(cfg)
+    batch_is_auto = "batch_size" in getattr(datamodule, "auto_options", ())
     if hasattr(datamodule, "take_chosen_values") and saved:
         data = saved.get("data") if isinstance(saved.get("data"), dict) else {}
         for key, value in datamodule.take_chosen_values(data, "as the run chose when it began: resuming").items():
@@ -178,6 +179,8 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
             raise ConfigValueError(str(error)) from None
         batch_size, drop_last = datamodule.choose_batch_size(processes, even_batches=_mixup_on(cfg.get("model")))
         cfg.data.batch_size, cfg.data.drop_last = batch_size, drop_last
+        if batch_is_auto:
+            _scale_lr_to_the_auto_batch(cfg, batch_size * processes)
         for key, value in datamodule.choose_augmentation().items():
             cfg.data[key] = value
     if cfg.trainer.get("max_epochs") != "auto":
@@ -195,6 +198,21 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
         reason = f"auto.epochs for {type(datamodule).__name__}, whose size the recipe knows"
     cfg.trainer.max_epochs = epochs
     _log.info("trainer.max_epochs=auto: %d (%s)", epochs, reason)
+
+
+def _scale_lr_to_the_auto_batch(cfg: DictConfig, effective_batch: int) -> None:
+    """``model.optimizer.lr`` for an auto batch: the configured rate is for ``auto.lr_batch`` images (timm's square
+    root rule for adaptive optimizers, linear for SGD; :func:`~linvit.train.data.auto_recipe.auto_batch_lr`), written
+    into ``cfg`` and logged. Left as given where ``auto.lr_batch`` is null or ``lr_base_size`` scales it already."""
+    from linvit.train.data.auto_recipe import auto_batch_lr
+
+    lr_batch = (cfg.get("auto") or {}).get("lr_batch")
+    optimizer = (cfg.get("model") or {}).get("optimizer")
+    if not lr_batch or not optimizer or optimizer.get("lr") is None or optimizer.get("lr_base_size"):
+        return
+    choice = auto_batch_lr(float(optimizer.lr), effective_batch, int(lr_batch), str(optimizer.get("opt", "adamw")))
+    optimizer.lr = choice.value
+    _log.info("model.optimizer.lr for the auto batch: %.3g (%s)", choice.value, choice.reason)
 
 
 def _saved_choices(cfg: DictConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from PIL import Image
 from linvit.train.data import auto_recipe
 from linvit.train.data.auto_recipe import (
     auto_augmentation,
+    auto_batch_lr,
     auto_batch_size,
     auto_drop_last,
     auto_max_epochs,
@@ -91,6 +92,17 @@ def test_augmentation_is_gentler_for_small_images_and_small_sets():
     assert "light" in light.reason and "32 px" in light.reason
 
 
+@pytest.mark.parametrize(
+    "batch, optimizer, factor",
+    [(128, "adamw", 1.0), (8, "adamw", 0.25), (32, "lamb", 0.5), (512, "adam", 2.0), (8, "sgd", 1 / 16),
+     (64, "momentum", 0.5)],
+)  # fmt: skip
+def test_the_lr_follows_the_auto_batch_by_timms_rule(batch, optimizer, factor):
+    choice = auto_batch_lr(2e-3, batch, 128, optimizer)
+    assert choice.value == pytest.approx(2e-3 * factor)
+    assert ("sqrt" in choice.reason) == (optimizer != "sgd" and optimizer != "momentum")
+
+
 def test_too_few_steps_warns_naming_the_options():
     assert too_few_steps_advice(auto_recipe.FEW_LEARNING_STEPS) is None
     advice = too_few_steps_advice(20)
@@ -143,9 +155,11 @@ def test_a_run_with_every_auto_value_saves_the_numbers(tmp_path, caplog):
     assert data["num_classes"] == model["num_classes"] == 3
     assert data["batch_size"] == 8 and data["drop_last"] is True  # 33 training images: a batch of 1 left over
     assert trainer["max_epochs"] == 5  # 4 steps per epoch, at least 20 steps
+    assert model["optimizer"]["lr"] == pytest.approx(2e-3 * (8 / 128) ** 0.5)  # AdamW's 2e-3 is for a batch of 128
     assert data["re_prob"] == 0.0 and data["scale"] == [0.5, 1.0]
     for key in ("data.num_classes", "data.batch_size", "data.drop_last", "trainer.max_epochs", "augmentation"):
         assert f"{key}=auto" in caplog.text
+    assert "model.optimizer.lr for the auto batch: 0.0005" in caplog.text
     assert "optimizer steps" in caplog.text  # 20 steps: the few-steps warning
 
 
@@ -213,4 +227,22 @@ def test_a_resumed_auto_run_matches_the_uninterrupted_one_and_keeps_its_choices(
     assert "trainer.max_epochs=auto: 2 (as the run chose when it began: resuming)" in caplog.text
     saved = [yaml.safe_load((run / "config.yaml").read_text()) for run in (straight, interrupted)]
     assert saved[0]["data"] == saved[1]["data"]
+    assert saved[0]["model"]["optimizer"]["lr"] == saved[1]["model"]["optimizer"]["lr"] == pytest.approx(5e-4)
     assert saved[0]["trainer"]["max_epochs"] == saved[1]["trainer"]["max_epochs"] == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, lr",
+    [([], 2e-3 * (16 / 128) ** 0.5), (["data.batch_size=16"], 2e-3), (["auto.lr_batch=null"], 2e-3),
+     (["model.optimizer.lr_base_size=256"], 2e-3), (["auto.lr_batch=16", "model.optimizer.lr=1e-3"], 1e-3)],
+)  # fmt: skip
+def test_only_an_auto_batch_scales_the_lr(tmp_path, overrides, lr):
+    from train_helpers import compose
+
+    from linvit.train.runs.run import _choose_auto_values, _instantiate_plain
+
+    root = _folder(tmp_path / "data", {"a": 80, "b": 80})  # 144 to train (10% held out): batch 16
+    cfg = compose(["data=imagefolder", f"data.root={root}", *overrides], tmp_path / "run")
+    _choose_auto_values(cfg, _instantiate_plain(cfg.data, "data"))
+    assert cfg.data.batch_size == 16
+    assert cfg.model.optimizer.lr == pytest.approx(lr)
