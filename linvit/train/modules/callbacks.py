@@ -118,7 +118,36 @@ class AtomicModelCheckpoint(ModelCheckpoint):
     ``last.ckpt`` is written after every validation, also when the monitored metric did not improve (Lightning
     >= 2.5 writes it only together with a top-k checkpoint), so that a resume never goes back further than one
     validation interval.
+
+    ``tie_break`` (e.g. ``val/loss``, lower wins; ``tie_break_mode="max"``: higher wins) decides between a validation
+    whose monitored value equals the best one's and that best: a small validation set reaches 100% top-1 early, and
+    a strict "better than" would keep the first epoch that got there, long before the run ended (a 3-class folder
+    with 20 validation images per class kept epoch 16 of 100). The best one's value travels in the checkpoint, so a
+    resumed run decides as the uninterrupted one.
     """
+
+    def __init__(self, *args: Any, tie_break: str | None = None, tie_break_mode: str = "min", **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if tie_break_mode not in ("min", "max"):
+            raise ValueError(f"tie_break_mode must be 'min' or 'max', not {tie_break_mode!r}")
+        self.tie_break, self.tie_break_mode = tie_break, tie_break_mode
+        self.best_tie_break: float | None = None  # the tie_break value of the kept (k-th best) checkpoint
+
+    def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
+        better = super().check_monitor_top_k(trainer, current)
+        tie = trainer.callback_metrics.get(self.tie_break) if self.tie_break else None
+        tie = float(tie) if tie is not None else None
+        if not better and tie is not None and self.best_tie_break is not None and self.best_k_models:
+            kept = self.best_k_models[self.kth_best_model_path]
+            ties = float(current) == float(kept)
+            wins = tie < self.best_tie_break if self.tie_break_mode == "min" else tie > self.best_tie_break
+            better = trainer.strategy.reduce_boolean_decision(ties and wins)
+        if better:
+            self.best_tie_break = tie
+        return better
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_tie_break": self.best_tie_break}
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -135,6 +164,7 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         if self.dirpath == state_dict.get("dirpath", self.dirpath):
             # Lightning leaves it out: a resumed run would save None until its next new best
             self.current_score = state_dict.get("current_score", self.current_score)
+            self.best_tie_break = state_dict.get("best_tie_break", self.best_tie_break)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
