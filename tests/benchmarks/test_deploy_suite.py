@@ -84,7 +84,7 @@ def test_deploy_cases_measure_in_process():
     args = argparse.Namespace(dtype="fp32", budget=0.01, repeats=1, warmup=1)
     for case in deploy_cases(["linvit_nano"], [96]):
         if case["runtime"] == "torch_eager_bf16" and not cpu_has_bf16():
-            # A CPU without bf16 instructions (CI's AVX2 machines) would emulate it: the case says so and is not timed.
+            # A CPU without bf16 instructions (CI's machine) would emulate it: the case says so and is not timed.
             with pytest.raises(Unavailable, match="no bf16 instructions"):
                 worker.run_case(case, "latency", torch.device("cpu"), args)
             continue

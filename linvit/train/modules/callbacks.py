@@ -123,7 +123,8 @@ class AtomicModelCheckpoint(ModelCheckpoint):
     whose monitored value equals the best one's and that best: a small validation set reaches 100% top-1 early, and
     a strict "better than" would keep the first epoch that got there, long before the run ended (a 3-class folder
     with 20 validation images per class kept epoch 16 of 100). The best one's value travels in the checkpoint, so a
-    resumed run decides as the uninterrupted one.
+    resumed run decides as the uninterrupted one. Only with ``save_top_k=1`` (the config's): with more checkpoints
+    kept, ties are Lightning's as before.
     """
 
     def __init__(self, *args: Any, tie_break: str | None = None, tie_break_mode: str = "min", **kwargs: Any):
@@ -131,17 +132,18 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         if tie_break_mode not in ("min", "max"):
             raise ValueError(f"tie_break_mode must be 'min' or 'max', not {tie_break_mode!r}")
         self.tie_break, self.tie_break_mode = tie_break, tie_break_mode
-        self.best_tie_break: float | None = None  # the tie_break value of the kept (k-th best) checkpoint
+        self.best_tie_break: float | None = None  # the tie_break value of the best checkpoint
 
     def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
         better = super().check_monitor_top_k(trainer, current)
-        tie = trainer.callback_metrics.get(self.tie_break) if self.tie_break else None
+        if not self.tie_break or self.save_top_k != 1 or current is None:
+            return better
+        tie = trainer.callback_metrics.get(self.tie_break)
         tie = float(tie) if tie is not None else None
         if not better and tie is not None and self.best_tie_break is not None and self.best_k_models:
-            kept = self.best_k_models[self.kth_best_model_path]
-            ties = float(current) == float(kept)
+            ties = float(current) == float(self.best_k_models[self.kth_best_model_path])
             wins = tie < self.best_tie_break if self.tie_break_mode == "min" else tie > self.best_tie_break
-            better = trainer.strategy.reduce_boolean_decision(ties and wins)
+            better = trainer.strategy.reduce_boolean_decision(ties and wins)  # every rank takes this branch alike
         if better:
             self.best_tie_break = tie
         return better

@@ -165,6 +165,7 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
 
     processes = _processes(cfg.trainer)
     saved = _saved_choices(cfg)
+    # before a resume takes the saved batch (and drops "batch_size" from auto_options): its lr is scaled as at first
     batch_is_auto = "batch_size" in getattr(datamodule, "auto_options", ())
     if hasattr(datamodule, "take_chosen_values") and saved:
         data = saved.get("data") if isinstance(saved.get("data"), dict) else {}

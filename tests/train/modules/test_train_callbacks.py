@@ -163,31 +163,31 @@ def test_sigterm_to_the_process_group_with_data_workers_saves(start_method, tmp_
 def test_a_tie_on_the_monitored_value_goes_to_the_better_tie_break(tmp_path):
     from types import SimpleNamespace
 
-    checkpoint = AtomicModelCheckpoint(
-        dirpath=tmp_path, filename="best", monitor="val/acc1", mode="max", tie_break="val/loss"
-    )
+    def checkpoint_callback(**options) -> AtomicModelCheckpoint:
+        return AtomicModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/acc1", mode="max", **options)
+
     trainer = SimpleNamespace(callback_metrics={}, strategy=SimpleNamespace(reduce_boolean_decision=lambda d, **_: d))
 
-    def validate(acc1: float, loss: float) -> bool:
+    def validate(checkpoint: AtomicModelCheckpoint, acc1: float, loss: float) -> bool:
         trainer.callback_metrics = {"val/acc1": torch.tensor(acc1), "val/loss": torch.tensor(loss)}
         better = checkpoint.check_monitor_top_k(trainer, torch.tensor(acc1))
         if better:  # what Lightning's _update_best_and_save keeps
             checkpoint.best_k_models, checkpoint.kth_best_model_path = {"best.ckpt": torch.tensor(acc1)}, "best.ckpt"
         return better
 
-    assert validate(0.9, 0.5)
-    assert validate(1.0, 0.3)  # better
-    assert not validate(1.0, 0.4)  # a tie, with a higher loss
-    assert validate(1.0, 0.2)  # a tie, with a lower loss: the later epoch
-    assert not validate(0.95, 0.01)  # worse, however low its loss
+    checkpoint = checkpoint_callback(tie_break="val/loss")
+    assert validate(checkpoint, 0.9, 0.5)
+    assert validate(checkpoint, 1.0, 0.3)  # better
+    assert not validate(checkpoint, 1.0, 0.4)  # a tie, with a higher loss
+    assert validate(checkpoint, 1.0, 0.2)  # a tie, with a lower loss: the later epoch
+    assert not validate(checkpoint, 0.95, 0.01)  # worse, however low its loss
     assert checkpoint.best_tie_break == pytest.approx(0.2)
 
-    resumed = AtomicModelCheckpoint(
-        dirpath=tmp_path, filename="best", monitor="val/acc1", mode="max", tie_break="val/loss"
-    )
+    resumed = checkpoint_callback(tie_break="val/loss")
     resumed.load_state_dict(checkpoint.state_dict())
     assert resumed.best_tie_break == pytest.approx(0.2)  # a resumed run decides as the uninterrupted one
 
-    strict = AtomicModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/acc1", mode="max")
-    checkpoint = strict
-    assert validate(1.0, 0.3) and not validate(1.0, 0.1)  # no tie_break: the first of equal values stays
+    strict = checkpoint_callback()  # no tie_break: the first of equal values stays
+    assert validate(strict, 1.0, 0.3) and not validate(strict, 1.0, 0.1)
+    with pytest.raises(ValueError, match="tie_break_mode must be 'min' or 'max'"):
+        checkpoint_callback(tie_break="val/loss", tie_break_mode="lowest")
