@@ -91,6 +91,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "seed": INTEGER.or_null(),
     "train": SWITCH,
     "auto.target_steps": INTEGER,
+    "auto.min_epochs": INTEGER,
     "auto.epochs": INTEGER,
     "auto.lr_batch": POSITIVE_INTEGER.or_null(),
     "test": SWITCH,

@@ -160,7 +160,13 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
     ``trainer.max_epochs=auto``, chosen before the model and the trainer are built and written into ``cfg`` (so the
     run's saved config.yaml holds the numbers); each is logged with its reason (:mod:`linvit.train.data.auto_recipe`).
     """
-    from linvit.train.data.auto_recipe import EPOCHS_OF_KNOWN_DATA, TARGET_STEPS, auto_max_epochs, steps_per_epoch
+    from linvit.train.data.auto_recipe import (
+        EPOCHS_OF_KNOWN_DATA,
+        MIN_AUTO_EPOCHS,
+        TARGET_STEPS,
+        auto_max_epochs,
+        steps_per_epoch,
+    )
     from linvit.train.data.folder_scan import FolderLayoutError
 
     processes = _processes(cfg.trainer)
@@ -193,7 +199,8 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
     elif hasattr(datamodule, "training_images"):
         images = datamodule.training_images()
         steps = steps_per_epoch(images, datamodule.batch_size * processes, datamodule.drop_last)
-        epochs, reason = auto_max_epochs(steps, int(auto.get("target_steps", TARGET_STEPS)))
+        target_steps, min_epochs = auto.get("target_steps", TARGET_STEPS), auto.get("min_epochs", MIN_AUTO_EPOCHS)
+        epochs, reason = auto_max_epochs(steps, int(target_steps), int(min_epochs))
     else:  # data of a known size, with a tuned recipe
         epochs = int(auto.get("epochs", EPOCHS_OF_KNOWN_DATA))
         reason = f"auto.epochs for {type(datamodule).__name__}, whose size the recipe knows"

@@ -67,12 +67,16 @@ def test_drop_last_drops_only_a_negligible_share():
 
 def test_epochs_reach_the_target_steps_within_bounds():
     assert auto_max_epochs(15).value == 67  # 3 x 40 images at batch 8: 1,005 steps
-    assert auto_max_epochs(62).value == 17  # 7,951 images at batch 128
-    assert auto_max_epochs(10_000).value == 1
+    assert auto_max_epochs(39).value == 50  # 5,000 images at batch 128: 1,000 steps would be 26 epochs
+    assert auto_max_epochs(62, min_epochs=0).value == 17  # 7,951 images at batch 128, by the steps alone
+    assert auto_max_epochs(10_000).value == 50 and auto_max_epochs(10_000, min_epochs=0).value == 1
     assert auto_max_epochs(1).value == auto_recipe.MAX_AUTO_EPOCHS
-    assert auto_max_epochs(15, target_steps=150).value == 10
+    assert auto_max_epochs(1, min_epochs=1000).value == auto_recipe.MAX_AUTO_EPOCHS
+    assert auto_max_epochs(15, target_steps=150, min_epochs=0).value == 10
     epochs, reason = auto_max_epochs(15)
     assert epochs * 15 >= auto_recipe.TARGET_STEPS and "auto.target_steps" in reason
+    epochs, reason = auto_max_epochs(39)
+    assert epochs == auto_recipe.MIN_AUTO_EPOCHS and "auto.min_epochs=50" in reason and "1950 optimizer steps" in reason
 
 
 def test_a_short_run_is_not_all_warm_up():
@@ -147,7 +151,7 @@ def _train(overrides, run_dir, callbacks=None):
 def test_a_run_with_every_auto_value_saves_the_numbers(tmp_path, caplog):
     root = _folder(tmp_path / "data", {"a": 12, "b": 12, "c": 12}, size=20)
     overrides = ["data=imagefolder", f"data.root={root}", "+trainer.limit_val_batches=1", "test=false"]
-    overrides += ["auto.target_steps=20"]
+    overrides += ["auto.target_steps=20", "auto.min_epochs=1"]
     with caplog.at_level(logging.INFO):
         _train(overrides, tmp_path / "run")
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -203,7 +207,7 @@ def test_a_resumed_auto_run_matches_the_uninterrupted_one_and_keeps_its_choices(
 
     root = _folder(tmp_path / "data", {"a": 12, "b": 12, "c": 12}, size=20)
     overrides = ["data=imagefolder", f"data.root={root}", "+trainer.limit_val_batches=1", "test=false"]
-    overrides += ["auto.target_steps=8"]  # 33 images: batch 8, the last image dropped, 4 steps x 2 epochs
+    overrides += ["auto.target_steps=8", "auto.min_epochs=1"]  # 33 images: batch 8, the last image dropped, 4 steps x 2 epochs
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     _train(overrides, straight)
     _train(overrides, interrupted, callbacks=[StopAfterFirstEpoch()])
