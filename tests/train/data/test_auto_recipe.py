@@ -207,7 +207,8 @@ def test_a_resumed_auto_run_matches_the_uninterrupted_one_and_keeps_its_choices(
 
     root = _folder(tmp_path / "data", {"a": 12, "b": 12, "c": 12}, size=20)
     overrides = ["data=imagefolder", f"data.root={root}", "+trainer.limit_val_batches=1", "test=false"]
-    overrides += ["auto.target_steps=8", "auto.min_epochs=1"]  # 33 images: batch 8, the last image dropped, 4 steps x 2 epochs
+    # 33 images: batch 8, the last image dropped, 4 steps x 2 epochs
+    overrides += ["auto.target_steps=8", "auto.min_epochs=1"]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     _train(overrides, straight)
     _train(overrides, interrupted, callbacks=[StopAfterFirstEpoch()])
