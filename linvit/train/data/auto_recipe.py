@@ -149,6 +149,6 @@ def too_few_steps_advice(total_steps: int) -> str | None:
         return None
     return (
         f"this run takes {total_steps} optimizer steps: a model trained from scratch learns little in fewer than "
-        f"~{FEW_LEARNING_STEPS}. Set trainer.max_epochs=auto (folder data: sized to auto.target_steps) or a larger "
-        "trainer.max_epochs, or a smaller data.batch_size (or data.batch_size=auto)."
+        f"~{FEW_LEARNING_STEPS}. Set trainer.max_epochs=auto (folder data: auto.target_steps and auto.min_epochs) or "
+        "a larger trainer.max_epochs, or a smaller data.batch_size (or data.batch_size=auto)."
     )
