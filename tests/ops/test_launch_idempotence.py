@@ -24,12 +24,16 @@ import pytest
 import torch
 from test_linear_attention import CASES, _assert_close, _case, _cast, _inputs, _run
 
+from linvit.ops import linear_attention_qkv
 from linvit.ops._backend import interpreting
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
 # the kernels the plans launch (`triton_launch.py`): the forward's, the backward's, and what head groups add
-FORWARD = {"state_kernel", "output_kernel"}
+FORWARD = {"state_kernel"}
+# and one output kernel: the tiled one, or on a whole map with 16-bit inputs the rows kernel
+# (`triton_launch.streams_rows`; these fp32 cases take the tiled one, test_the_rows_kernel_... the rows kernel)
+OUTPUT = {"output_kernel", "output_rows_kernel"}
 BACKWARD = {"query_grad_kernel", "key_value_grad_kernel", "sum_rows_kernel"}
 HEAD_GROUPS = {"token_norms_kernel", "cross_head_grad_kernel"}  # the focused map in head groups adds these
 
@@ -113,7 +117,7 @@ def test_every_launch_twice_gives_the_reference_result(name, request):
         _in_interpreter_subprocess(request.node.name)
         return
     launched = _assert_idempotent(DEFAULT_CASES[name])
-    expected = FORWARD | BACKWARD | {"dwc_weight_grad_kernel"}
+    expected = FORWARD | BACKWARD | {"dwc_weight_grad_kernel", "output_kernel"}
     if name.startswith("groups"):
         expected |= HEAD_GROUPS
     assert launched == expected
@@ -128,7 +132,24 @@ def test_every_launch_twice_gives_the_reference_result_wide(name, request):
         _in_interpreter_subprocess(request.node.name)
         return
     launched = _assert_idempotent(WIDE_CASES[name])
-    assert launched >= FORWARD | BACKWARD
+    assert launched >= FORWARD | BACKWARD and len(launched & OUTPUT) == 1
+
+
+@pytest.mark.parametrize("kernel", [3, 5])
+def test_the_rows_kernel_run_twice_gives_the_same_output(kernel):
+    """The forward of 16-bit inputs on a whole map (`triton_rows.output_rows_kernel`, with head groups and their
+    norms pass) gives the same output, bit for bit, with every launch run twice as run once."""
+    if not interpreting():
+        _in_interpreter_subprocess(f"test_the_rows_kernel_run_twice_gives_the_same_output[{kernel}]")
+        return
+    qkv, kwargs = _inputs(_case("focused", (6, 19), 8, 32, kernel=kernel, mask=True), batch=2)
+    qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, torch.device("cpu"))
+    with torch.no_grad():
+        once = linear_attention_qkv(qkv16, backend="triton", **kwargs16)
+        with every_launch_twice() as launched:
+            twice = linear_attention_qkv(qkv16, backend="triton", **kwargs16)
+    assert set(launched) == {"token_norms_kernel", "state_kernel", "output_rows_kernel"}
+    assert torch.equal(once, twice)
 
 
 def test_a_launch_that_adds_into_its_output_is_caught():

@@ -146,6 +146,37 @@ def test_triton_backend_equals_naive_in_value_and_gradients(name):
 
 
 @needs_triton
+@pytest.mark.parametrize("kernel", [3, 5, 7])
+def test_the_rows_kernel_covers_ragged_strips_and_several_bands(kernel):
+    """The forward's output on a whole map with 16-bit inputs comes from `triton_rows.output_rows_kernel`: strips of
+    columns (the last one ragged) in bands of rows, each band reading the K//2 rows above and below it, the taps'
+    diagonals in pairs. On maps of three strips (in two bands; 16 and 32 columns; two head groups with their norms
+    pass), with a key mask, it equals the naive reference on the same rounded inputs for DWC sizes 3, 5 and 7 (7
+    reaches past a band of 5 rows); fp32 inputs take the tiled kernel."""
+    from linvit.ops.linear_attention import triton_launch
+    from linvit.ops.linear_attention.triton_geometry import geometry, heads_per_program, row_bands, row_strip
+    from linvit.ops.linear_attention.triton_taps import tap_products
+
+    for heads, head_dim in ((4, 8), (2, 16), (8, 32)):
+        strip = row_strip(heads_per_program(heads, head_dim))
+        hw = (9, 2 * strip + 1)
+        if TRITON_DEVICE.type == "cpu" and heads == 4:  # the interpreter's 4 multiprocessors: 8 programs
+            assert row_bands(1, *hw, 1, strip, TRITON_DEVICE) == (3, 5, 2)
+        qkv, kwargs = _inputs(_case("focused", hw, heads, head_dim, kernel=kernel, mask=True), batch=1)
+        options = triton_launch.KernelOptions(*hw, heads, 0, 3.0, 0, 1e-6, 1e-6)
+        walked = geometry(1, qkv.shape[1], options)
+        for dtype, rows in ((torch.bfloat16, True), (torch.float32, False)):
+            padded = max(16, head_dim)
+            assert triton_launch.streams_rows(kwargs["dwc_weight"], walked, 0, tap_products(dtype, padded)) == rows
+        qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE)
+        qkv64, kwargs64 = _cast(qkv16, kwargs16, torch.float64, torch.device("cpu"))
+        expected = linear_attention_qkv(qkv64, backend="naive", **kwargs64)
+        with torch.no_grad():
+            out = linear_attention_qkv(qkv16, backend="triton", **kwargs16)
+        _assert_close(out.float().cpu(), expected, 1e-2)
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_half_inputs_keep_float32_state(dtype):
     """Half-precision q|k|v in, the same dtype out; inside, the maps and S, z are float32, so the error is the

@@ -11,9 +11,10 @@ DWC's taps in `triton_taps.py`), a new shape's tile configurations compiled in p
 `triton_precompile.py`; the kernels are described in `triton_forward.py` and `triton_backward.py`, their tile
 helpers in `triton_tiles.py` and their feature maps in `triton_feature_maps.py`.
 
-Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (the halo from cache,
-4C B), and writes the output (2C B); backward reads q and dL/dout (4C B), k|v and dL/dout with its DWC taps (6C B),
-v and dL/dout again for the DWC weight (4C B), and writes dq|dk|dv (6C B).
+Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (on a whole map each
+value K times, one per horizontal tap: `triton_rows.py`), and writes the output (2C B); backward reads q and dL/dout
+(4C B), k|v and dL/dout with its DWC taps (6C B), v and dL/dout again for the DWC weight (4C B), and writes dq|dk|dv
+(6C B).
 """
 
 import contextlib

@@ -15,7 +15,9 @@ three for the focused map with head groups:
 - ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
   number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (the numerator a tensor-core product, the
   normaliser an fp32 sum) plus the depthwise conv of v (`triton_tiles.depthwise_conv`: each tap gathered once for
-  all C channels, and for 16-bit inputs multiplied on the tensor cores), written as (B, N, C).
+  all C channels, and for 16-bit inputs multiplied on the tensor cores), written as (B, N, C). On a whole map with
+  a DWC and no class tokens the output comes instead from `triton_rows.output_rows_kernel`, which streams the DWC
+  down strips of the map and reads each value K times instead of K² (`triton_launch.streams_rows`).
 
 Every kernel (here and in `triton_backward.py`) lists its parameters by kind, a line or two each: tensors, run-time
 scalars, compile-time constants.

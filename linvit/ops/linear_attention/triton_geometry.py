@@ -26,10 +26,14 @@ __all__ = [
     "Geometry",
     "KernelOptions",
     "Launch",
+    "ROW_TILE",
+    "ROW_WARPS",
     "geometry",
     "head_groups",
     "kernel_sizes",
     "num_chunks",
+    "row_bands",
+    "row_strip",
 ]
 
 # The autotune space of the tiled kernels: (tokens per tile, warps, pipeline stages). Under Triton's interpreter the
@@ -49,6 +53,8 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 # with the N bucket (:func:`n_bucket`) and the tensors' dtypes, what `triton.autotune` keys the tiled kernels on
 AUTOTUNE_SIZES = ("H", "D", "MAP")
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
+ROW_TILE = 64  # tokens × heads of a tile of `triton_rows.output_rows_kernel`: one warpgroup's product rows on sm_90
+ROW_WARPS = 4  # its warps
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
 WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
 WEIGHT_PRODUCTS_BUDGET = 16384  # fp32 elements of the DWC weight gradient's per-tap products a program holds
@@ -202,6 +208,28 @@ def num_chunks(
     chunks = max(1, min(tiles, target // max(batch * groups, 1)))
     chunk = triton.cdiv(tiles, chunks) * granule
     return chunk, triton.cdiv(tokens, chunk)
+
+
+def row_strip(heads_pad: int) -> int:
+    """Columns of a strip of `triton_rows.output_rows_kernel`: its tiles (one row of a strip, every head of the
+    program) hold ROW_TILE token-heads, the rows of one warpgroup's tensor-core product (at least 16: a product's
+    least)."""
+    return max(16, ROW_TILE // heads_pad)
+
+
+def row_bands(
+    images: int, map_h: int, map_w: int, groups: int, strip: int, device: torch.device,
+    multiprocessors: int | None = None,
+) -> tuple[int, int, int]:  # fmt: skip
+    """(strips, rows per band, bands) of `triton_rows.output_rows_kernel`'s grid: strips of ``strip`` columns, each
+    cut into bands of rows so that images · strips · bands · groups fills the resident programs once, as close as it
+    gets (each band reads K - 1 rows more than it writes: its halo)."""
+    if multiprocessors is None:
+        multiprocessors = device_multiprocessors(device)
+    strips = triton.cdiv(map_w, strip)
+    bands = max(1, min(map_h, PROGRAMS_PER_SM * multiprocessors // max(images * strips * groups, 1)))
+    band_rows = triton.cdiv(map_h, bands)
+    return strips, band_rows, triton.cdiv(map_h, band_rows)
 
 
 def tile_trips(tokens: int, chunk: int, chunks: int) -> Callable[[int], float]:

@@ -14,9 +14,10 @@ import triton
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_backward, triton_forward, triton_geometry, triton_taps
+from linvit.ops.linear_attention import triton_backward, triton_forward, triton_geometry, triton_rows, triton_taps
 from linvit.ops.linear_attention.triton_feature_maps import FOCUSED, NORMS_PER_TOKEN
 from linvit.ops.linear_attention.triton_geometry import (
+    ROW_WARPS,
     Geometry,
     KernelOptions,
     Launch,
@@ -24,6 +25,8 @@ from linvit.ops.linear_attention.triton_geometry import (
     head_groups,
     kernel_sizes,
     num_chunks,
+    row_bands,
+    row_strip,
     tile_trips,
     weight_items_per_program,
     weight_taps_per_program,
@@ -133,43 +136,120 @@ def forward_plan(
         lambda block: (trips(block),),
     )
     output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
-    output = Launch(
-        "output",
-        triton_forward.output_kernel,
-        (batch, chunks, groups),
+    if streams_rows(dwc_weight, walked, num_prefix_tokens, dwc):
+        state.constants["HAS_DWC"] = False  # the rows kernel reads the weight itself: no taps to copy
+        partials = (partial_s, partial_z, partial_count)
+        output = _output_rows(qkv, inverse_temperature, mask, partials, norms_args, dwc_weight, dwc_bias, out,
+                              {**output_sizes, **flags}, chunks, multiprocessors, options)  # fmt: skip
+    else:
+        output = Launch(
+            "output",
+            triton_forward.output_kernel,
+            (batch, chunks, groups),
+            {
+                **_walk(qkv, chunk, walked),
+                **norms_args,
+                "inv_ptr": _optional(inverse_temperature, qkv),
+                "mask_ptr": _optional(mask, qkv),
+                "s_ptr": partial_s,
+                "z_ptr": partial_z,
+                "count_ptr": partial_count,
+                "taps_ptr": taps,
+                "bias_ptr": _optional(dwc_bias, qkv),
+                "out_ptr": out,
+                "out_stride_b": out.stride(0),
+                "out_stride_n": out.stride(1),
+                "mask_stride_b": tokens,
+                "prefix": num_prefix_tokens,
+                "eps": eps,
+                "feature_eps": feature_eps,
+            },
+            {
+                **output_sizes,
+                **flags,
+                **dwc,
+                **bf16_pairs(qkv, head_dim, dwc, walked.windowed),
+                "HAS_BIAS": dwc_bias is not None,
+                "ROWS_FIRST": triton_taps.ROWS_FIRST,
+            },
+            lambda block: (chunks, trips(block)),
+        )
+    launches = [state, output]
+    if token_norms:
+        norms_pass = _token_norms(qkv, inverse_temperature, key_position, norms, options, prescaled, multiprocessors)
+        launches.insert(0, norms_pass)
+    return launches, out, (partial_s, partial_z, partial_count, norms)
+
+
+def streams_rows(dwc_weight: Tensor | None, walked: Geometry, num_prefix_tokens: int, products: dict) -> bool:
+    """Whether the forward's output comes from `triton_rows.output_rows_kernel`: a DWC multiplied on the tensor
+    cores (``products``: `triton_taps.tap_products`; 16-bit inputs of head dims up to 32) on a whole map of spatial
+    tokens only. Else (windows, class tokens, no DWC, fp32 inputs or wider heads) `triton_forward.output_kernel`."""
+    return dwc_weight is not None and not walked.windowed and num_prefix_tokens == 0 and bool(products["TENSOR_TAPS"])
+
+
+def _output_rows(
+    qkv: Tensor,
+    inverse_temperature: Tensor | None,
+    mask: Tensor | None,
+    partials: tuple[Tensor, Tensor, Tensor],
+    norms_args: dict,
+    dwc_weight: Tensor,
+    dwc_bias: Tensor | None,
+    out: Tensor,
+    constants: dict,
+    chunks: int,
+    multiprocessors: int | None,
+    options: KernelOptions,
+) -> Launch:
+    """The launch of `triton_rows.output_rows_kernel`: strips (`triton_geometry.row_strip`) in bands of rows
+    (`triton_geometry.row_bands`), the state kernel's ``chunks`` partial states per image."""
+    images, map_h, map_w = qkv.shape[0], options.grid_h, options.grid_w
+    groups = triton.cdiv(constants["H"], constants["H_PAD"])
+    strip = row_strip(constants["H_PAD"])
+    strips, band_rows, bands = row_bands(images, map_h, map_w, groups, strip, qkv.device, multiprocessors)
+    partial_s, partial_z, partial_count = partials
+    constants = {key: value for key, value in constants.items() if key not in ("WINDOW_H", "WINDOW_W")}
+    kernel_size = dwc_weight.shape[-1]
+    return Launch(
+        "output_rows",
+        triton_rows.output_rows_kernel,
+        (images, strips * bands, groups),
         {
-            **_walk(qkv, chunk, walked),
+            "qkv_ptr": qkv,
             **norms_args,
             "inv_ptr": _optional(inverse_temperature, qkv),
             "mask_ptr": _optional(mask, qkv),
             "s_ptr": partial_s,
             "z_ptr": partial_z,
             "count_ptr": partial_count,
-            "taps_ptr": taps,
+            "w_ptr": dwc_weight,
             "bias_ptr": _optional(dwc_bias, qkv),
             "out_ptr": out,
+            "stride_b": qkv.stride(0),
+            "stride_n": qkv.stride(1),
             "out_stride_b": out.stride(0),
             "out_stride_n": out.stride(1),
-            "mask_stride_b": tokens,
-            "prefix": num_prefix_tokens,
-            "eps": eps,
-            "feature_eps": feature_eps,
+            "mask_stride_b": qkv.shape[1],
+            "chunks": chunks,
+            "strips": strips,
+            "band_rows": band_rows,
+            "map_h": map_h,
+            "map_w": map_w,
+            "eps": options.eps,
+            "feature_eps": options.feature_eps,
         },
         {
-            **output_sizes,
-            **flags,
-            **dwc,
-            **bf16_pairs(qkv, head_dim, dwc, walked.windowed),
+            **constants,
+            "STRIP": strip,
+            "K": kernel_size,
             "HAS_BIAS": dwc_bias is not None,
-            "ROWS_FIRST": triton_taps.ROWS_FIRST,
-        },
-        lambda block: (chunks, trips(block)),
+            "TAP_DTYPE": tap_products(qkv.dtype, constants["D_PAD"])["TAP_DTYPE"],
+        },  # fmt: skip
+        lambda block: (chunks, band_rows + kernel_size - 1),
+        tuned=False,
+        num_warps=ROW_WARPS,
     )
-    launches = [state, output]
-    if token_norms:
-        norms_pass = _token_norms(qkv, inverse_temperature, key_position, norms, options, prescaled, multiprocessors)
-        launches.insert(0, norms_pass)
-    return launches, out, (partial_s, partial_z, partial_count, norms)
 
 
 def _token_norms(
