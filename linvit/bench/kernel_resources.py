@@ -109,8 +109,18 @@ def plans(shape: Shape) -> tuple[list[triton_geometry.Launch], list[triton_geome
     position = torch.empty(1, positions, channels, **meta)
     weight = torch.empty(shape.head_dim, 1, shape.kernel_size, shape.kernel_size, **meta)
     bias = torch.empty(shape.head_dim, **meta)
+    # the temperature as its parameter (temperature_scale), as FocusedLinearAttention passes it
     options = triton_geometry.KernelOptions(
-        shape.hw[0], shape.hw[1], shape.heads, _MAPS[shape.feature_map], 3.0, 0, 1e-6, 1e-6, *(shape.window or (0, 0))
+        shape.hw[0],
+        shape.hw[1],
+        shape.heads,
+        _MAPS[shape.feature_map],
+        3.0,
+        0,
+        1e-6,
+        1e-6,
+        *(shape.window or (0, 0)),
+        int(shape.feature_map == "focused"),
     )
     forward, out, partials = triton_launch.forward_plan(
         qkv, inverse, position, weight, bias, None, options, False, multiprocessors=H200_MULTIPROCESSORS

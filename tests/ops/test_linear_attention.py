@@ -471,6 +471,58 @@ def test_environment_variable_sets_the_process_default():
         _checked("fast", "LINVIT_BACKEND")
 
 
+@pytest.mark.parametrize("backend", ["naive", "torch", TRITON])
+@pytest.mark.parametrize("name", ["focused", "focused_head_groups_ragged", "focused_windows_padded"])
+def test_the_temperature_parameter_equals_its_inverse_given(backend, name):
+    """temperature_scale=s (what FocusedLinearAttention passes: the fused kernels take 1 / softplus(s) as they load it
+    and chain its gradient in their last sum) equals inverse_temperature=1 / softplus(s) on the naive reference, in
+    value and every gradient, the gradient of s included; s spans -8 … 22 (past torch's threshold 20, where
+    softplus(s) = s; far below 0 the features overflow fp32 in every backend: test_the_kernels_softplus_... covers
+    that range)."""
+    qkv, kwargs = _inputs(CASES[name])
+    channels = qkv.shape[-1] // 3
+    scale = torch.linspace(-8.0, 22.0, channels, dtype=torch.float64).requires_grad_(True)
+    reference = {**kwargs, "inverse_temperature": 1.0 / torch.nn.functional.softplus(scale)}
+    leaves = [value for value in kwargs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+    leaves = [leaf for leaf in leaves if leaf is not kwargs["inverse_temperature"]]
+    expected = linear_attention_qkv(qkv, backend="naive", **reference)
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, [qkv, scale, *leaves], grad_out)
+    device = TRITON_DEVICE if backend == "triton" else torch.device("cpu")
+    given = {key: value for key, value in kwargs.items() if key != "inverse_temperature"}
+    qkv32, given32 = _cast(qkv, {**given, "temperature_scale": scale}, torch.float32, device)
+    out = linear_attention_qkv(qkv32, backend=backend, **given32)
+    scale32 = given32["temperature_scale"]
+    leaves32 = [given32[key] for key, value in kwargs.items() if any(value is leaf for leaf in leaves)]
+    grads = torch.autograd.grad(out, [qkv32, scale32, *leaves32], grad_out.float().to(device))
+    _assert_close(out.cpu(), expected, 2e-5)
+    for got, want in zip(grads, expected_grads):
+        _assert_close(got.cpu(), want, 5e-5)
+
+
+if importlib.util.find_spec("triton") is not None:
+    import triton
+    import triton.language as tl
+
+    from linvit.ops.linear_attention.triton_tiles import softplus as kernel_softplus
+
+    @triton.jit
+    def _softplus_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offsets, kernel_softplus(tl.load(x_ptr + offsets)))
+
+
+@needs_triton
+def test_the_kernels_softplus_is_torch_s_over_its_whole_range():
+    """The kernels' softplus (`triton_tiles.softplus`) equals softplus in float64 within 4e-7 in fp32 from -80 to 100
+    (below -87 eˣ is subnormal in fp32): log1p where log(1 + eˣ) would round to 0, and x itself above 20."""
+    x = torch.linspace(-80.0, 100.0, 1024, device=TRITON_DEVICE)
+    out = torch.empty_like(x)
+    _softplus_kernel[(1,)](x, out, BLOCK=1024)
+    expected = torch.nn.functional.softplus(x.double()).cpu()
+    assert torch.all((out.double().cpu() - expected).abs() <= 4e-7 * expected)
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -478,6 +530,8 @@ def test_environment_variable_sets_the_process_default():
         ({"num_heads": 5}, "divisible by num_heads=5"),
         ({"hw": (5, 6)}, "N must be num_prefix_tokens"),
         ({"inverse_temperature": None}, "inverse_temperature"),
+        ({"temperature_scale": torch.zeros(32)}, "not both"),
+        ({"inverse_temperature": None, "temperature_scale": torch.zeros(1, 1, 32)}, r"temperature_scale must .* 32"),
         ({"key_position": torch.zeros(3, 32)}, "key_position must be"),
         ({"dwc_weight": torch.zeros(32, 1, 5, 5)}, "dwc_weight must be"),
         ({"key_mask": torch.ones(2, 7, dtype=torch.bool)}, "key_mask must be"),

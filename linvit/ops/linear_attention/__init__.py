@@ -18,6 +18,7 @@ from linvit.ops.linear_attention.arguments import (
     boolean_key_mask,
     checked_arguments,
     checked_window,
+    inverse_of_scale,
 )
 from linvit.ops.windows import merge_windows, window_keys
 
@@ -41,6 +42,7 @@ def linear_attention_qkv(
     feature_eps: float = 1e-6,
     prescaled: bool = False,
     window: tuple[int, int] | None = None,
+    temperature_scale: Tensor | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """Non-causal (mean-form) linear attention of the tokens of ``qkv``, plus the DWC of the values; (B, N, C).
@@ -54,7 +56,8 @@ def linear_attention_qkv(
         num_heads: h; the head dimension is d = C / h.
         feature_map: "focused" (FLatten: ReLU + eps, temperature, focusing power with the norms over all C
             channels), "relu" or "elu" (elu + 1).
-        inverse_temperature: (C,) 1 / softplus(scale), the focused map's temperature (focused only).
+        inverse_temperature: (C,) 1 / softplus(scale), the focused map's temperature (focused only); or give
+            ``temperature_scale`` instead.
         focusing_factor: the focusing power p.
         key_position: (N - prefix, C), or (B, N - prefix, C), added to the keys of the spatial tokens before the map.
         dwc_weight, dwc_bias: (d, 1, k, k) and (d,): the depthwise conv of v shared by the heads, added to the
@@ -71,11 +74,14 @@ def linear_attention_qkv(
             its own S, z and DWC; None (or the whole map) for global attention. key_position is then one row per
             window token, (h·w, C) or (B·windows, h·w, C) for windows in image-major, row-major order; no prefix
             tokens, no key_mask. The fused kernels read the windows in place; the other backends partition.
+        temperature_scale: (C,) the focused map's temperature parameter itself, instead of inverse_temperature: the
+            fused kernels take 1 / softplus of it as they load it, and its gradient in the sum they end with (no
+            torch launches around them); the other backends compute the inverse first.
         backend: "auto", "torch", "triton" or "naive" (see :mod:`linvit.ops`).
     """
     given = LinearAttentionArguments(
         hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
-        key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
+        key_mask, num_prefix_tokens, eps, feature_eps, prescaled, temperature_scale,
     )  # fmt: skip
     window = checked_window(window, given)
     arguments = checked_arguments(qkv, given, window)
@@ -92,7 +98,10 @@ def linear_attention_qkv(
 
 
 def _unfused(name: str, qkv: Tensor, arguments: LinearAttentionArguments) -> Tensor:
-    """The naive or the eager backend on checked arguments."""
+    """The naive or the eager backend on checked arguments (a temperature_scale turned into the inverse first)."""
+    if arguments.temperature_scale is not None:
+        inverse = inverse_of_scale(arguments.temperature_scale)
+        arguments = arguments._replace(inverse_temperature=inverse, temperature_scale=None)
     if name == "naive":
         return naive.linear_attention_qkv(qkv, arguments)
-    return eager.scriptable_linear_attention_qkv(qkv, *arguments)
+    return eager.scriptable_linear_attention_qkv(qkv, *arguments[:-1])  # TorchScript's signature: no scale

@@ -7,10 +7,19 @@ from typing import NamedTuple
 
 from torch import SymInt, Tensor
 from torch import bool as torch_bool
+from torch.nn.functional import softplus
 
 from linvit.ops._checks import check_qkv
+from linvit.ops._numerics import at_least_float32
 
-__all__ = ["FEATURE_MAPS", "LinearAttentionArguments", "boolean_key_mask", "checked_arguments", "checked_window"]
+__all__ = [
+    "FEATURE_MAPS",
+    "LinearAttentionArguments",
+    "boolean_key_mask",
+    "checked_arguments",
+    "checked_window",
+    "inverse_of_scale",
+]
 
 FEATURE_MAPS: tuple[str, ...] = ("focused", "relu", "elu")
 
@@ -32,6 +41,12 @@ class LinearAttentionArguments(NamedTuple):
     eps: float
     feature_eps: float
     prescaled: bool
+    temperature_scale: Tensor | None = None
+
+
+def inverse_of_scale(scale: Tensor) -> Tensor:
+    """1 / softplus(scale) in at least float32: the focused map's inverse temperature from its parameter."""
+    return 1.0 / softplus(at_least_float32(scale))
 
 
 def boolean_key_mask(key_mask: Tensor | None) -> Tensor | None:
@@ -89,14 +104,20 @@ def checked_arguments(
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"Unknown feature_map {feature_map!r}; valid ones are {', '.join(FEATURE_MAPS)}.")
     channels = check_qkv(qkv, num_heads, hw, arguments.num_prefix_tokens)
+    scale = arguments.temperature_scale
+    if inverse_temperature is not None and scale is not None:
+        raise ValueError("give the focused map's temperature once: inverse_temperature or temperature_scale, not both.")
+    if scale is not None:
+        inverse_temperature = scale
     if (feature_map == "focused") != (inverse_temperature is not None):
         raise ValueError(
-            "inverse_temperature (1 / softplus(scale), shape (C,)) is required for feature_map='focused' and "
-            f"only for it; got feature_map={feature_map!r} with inverse_temperature "
-            f"{'given' if inverse_temperature is not None else 'None'}."
+            "inverse_temperature (1 / softplus(scale), shape (C,)) or temperature_scale (scale, shape (C,)) is "
+            f"required for feature_map='focused' and only for it; got feature_map={feature_map!r} with "
+            f"{'one' if inverse_temperature is not None else 'none'}."
         )
+    name = "temperature_scale" if scale is not None else "inverse_temperature"
     if inverse_temperature is not None and inverse_temperature.shape != (channels,):
-        raise ValueError(f"inverse_temperature must have shape ({channels},), got {tuple(inverse_temperature.shape)}.")
+        raise ValueError(f"{name} must have shape ({channels},), got {tuple(inverse_temperature.shape)}.")
     if key_position is not None and key_position.shape[-2:] != (spatial, channels):
         raise ValueError(
             f"key_position must be ({spatial}, {channels}) or (B, {spatial}, {channels}) (one row per spatial token), "

@@ -24,6 +24,7 @@ from torch import Tensor
 from linvit.ops._backend import resolve_backend
 from linvit.ops._numerics import at_least_float32, autocast_device_type
 from linvit.ops.linear_attention import linear_attention_qkv
+from linvit.ops.linear_attention.arguments import inverse_of_scale
 from linvit.ops.linear_attention.feature_maps import favor_feature_map, taylor_feature_map
 from linvit.ops.linear_attention.torch import (
     channels_last_image,
@@ -110,14 +111,17 @@ def focused_linear_attention(
                 else:
                     core_window = clamped
 
+    # the core takes the temperature's parameter itself (the fused kernels apply 1 / softplus as they load it: no
+    # torch launches around them); the inverse is computed here only where this function uses it
+    temperature_scale: Tensor | None = None if scale is None else scale.view(-1)
     inverse_temperature: Tensor | None = None
-    if scale is not None:
-        inverse_temperature = 1.0 / F.softplus(at_least_float32(scale).view(-1))  # 1/s, (C,)
     prescaled = False
     if qkv_weight is None:
         qkv = tokens
-    elif _folds_temperature(tokens, qkv_weight, inverse_temperature, position_conv_weight, backend):
-        assert inverse_temperature is not None
+    elif _folds_temperature(tokens, qkv_weight, temperature_scale, position_conv_weight, backend):
+        assert temperature_scale is not None
+        inverse_temperature = inverse_of_scale(temperature_scale)  # 1/s, (C,)
+        temperature_scale = None
         qkv = folded_projection(tokens, qkv_weight, qkv_bias, inverse_temperature, feature_eps)
         prescaled = True
     else:
@@ -146,6 +150,8 @@ def focused_linear_attention(
             qkv, grid, num_heads, feature_map, random_features, key_position, dwc_weight, dwc_bias, key_mask, eps
         )
     elif torch.jit.is_scripting():
+        if temperature_scale is not None:
+            inverse_temperature = inverse_of_scale(temperature_scale)
         out = scriptable_linear_attention_qkv(
             qkv, grid, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight,
             dwc_bias, key_mask, prefix, eps, feature_eps, False,
@@ -155,7 +161,7 @@ def focused_linear_attention(
             qkv, hw=grid, num_heads=num_heads, feature_map=feature_map, inverse_temperature=inverse_temperature,
             focusing_factor=focusing_factor, key_position=key_position, dwc_weight=dwc_weight, dwc_bias=dwc_bias,
             key_mask=key_mask, num_prefix_tokens=prefix, eps=eps, feature_eps=feature_eps, prescaled=prescaled,
-            window=core_window, backend=backend,
+            window=core_window, temperature_scale=temperature_scale, backend=backend,
         )  # fmt: skip
 
     if position_index is not None:
@@ -186,7 +192,7 @@ def _symbolic_windows(
 def _folds_temperature(
     x: Tensor,
     qkv_weight: Tensor,
-    inverse_temperature: Tensor | None,
+    temperature: Tensor | None,
     position_conv_weight: Tensor | None,
     backend: str,
 ) -> bool:
@@ -195,7 +201,7 @@ def _folds_temperature(
     of the keys (it reads the raw keys), on the eager backend (which maps the buffer in place)."""
     if torch.jit.is_scripting():
         return False
-    if inverse_temperature is None or position_conv_weight is not None or torch.is_grad_enabled():
+    if temperature is None or position_conv_weight is not None or torch.is_grad_enabled():
         return False
     if x.dtype != qkv_weight.dtype or not (x.dtype == torch.float32 or x.dtype == torch.float64):
         return False

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linvit.ops._reference import merge_heads, reference_precision, split_heads
-from linvit.ops.linear_attention.arguments import LinearAttentionArguments
+from linvit.ops.linear_attention.arguments import LinearAttentionArguments, inverse_of_scale
 
 __all__ = ["linear_attention_qkv", "materialised_linear_attention"]
 
@@ -66,8 +66,10 @@ def linear_attention_qkv(qkv: Tensor, arguments: LinearAttentionArguments) -> Te
     (whose ``backend="naive"`` calls this); (B, N, C) in qkv's dtype."""
     (
         hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
-        key_mask, prefix, eps, feature_eps, prescaled,
+        key_mask, prefix, eps, feature_eps, prescaled, temperature_scale,
     ) = arguments  # fmt: skip
+    if temperature_scale is not None:
+        inverse_temperature = inverse_of_scale(temperature_scale)
     batch, tokens, three_c = qkv.shape
     channels = three_c // 3
     head_dim = channels // num_heads

@@ -284,8 +284,10 @@ def linear_attention_qkv(
     The kernels read the windows in place from the tokens (no partition copies)."""
     (
         hw, num_heads, feature_map, inverse_temperature, focusing_factor, key_position, dwc_weight, dwc_bias,
-        key_mask, num_prefix_tokens, eps, feature_eps, prescaled,
+        key_mask, num_prefix_tokens, eps, feature_eps, prescaled, temperature_scale,
     ) = arguments  # fmt: skip
+    if temperature_scale is not None:  # the op's temperature slot takes s; its kernels take 1 / softplus(s)
+        inverse_temperature = temperature_scale
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     if key_position is not None:
@@ -297,7 +299,7 @@ def linear_attention_qkv(
         dwc_weight = dwc_weight.contiguous()
     options = KernelOptions(
         hw[0], hw[1], num_heads, _MAP_CODES[feature_map], float(focusing_factor), num_prefix_tokens, float(eps),
-        float(feature_eps), *(window or (0, 0)),
+        float(feature_eps), *(window or (0, 0)), int(temperature_scale is not None),
     )  # fmt: skip
     out, *_ = _forward(qkv, inverse_temperature, key_position, dwc_weight, dwc_bias, key_mask, *options, prescaled)
     return out

@@ -55,6 +55,7 @@ def query_grad_kernel(
     MAP: tl.constexpr, POWER: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """dq of the queries of chunk t of batch element b, into columns 0 … C of dqk_ptr (dL/dqkv itself, or with
     ``TOKEN_NORMS`` the buffer of dq and dk without the cross-head term, whose per-token share goes to cross_ptr), and
@@ -72,7 +73,7 @@ def query_grad_kernel(
     if HAS_DWC:
         tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, TENSOR_TAPS, TAP_DTYPE)
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     s = tiles.state_operand(s, HALF_DOT)
     s_t = tl.permute(s, (0, 2, 1))
@@ -130,6 +131,7 @@ def key_value_grad_kernel(
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``). dk goes to
@@ -160,7 +162,7 @@ def key_value_grad_kernel(
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + GROUPS + tl.program_id(2)  # the keys' share
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     gs_t = tl.permute(tiles.state_operand(gs, HALF_DOT), (0, 2, 1))
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: a second tile-shaped accumulator spills
@@ -319,6 +321,7 @@ def cross_head_grad_kernel(
     cross_stride_b, prefix, chunk, feature_eps, grid_h, grid_w, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     POWER: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """dq and dk with the focused map's cross-head term (head groups) for the tokens of chunk t of batch element b and
     the heads of group ``program_id(2)``: their values without it (dqk_ptr, columns 0 … 2C) plus each token's cross
@@ -337,7 +340,7 @@ def cross_head_grad_kernel(
     cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
@@ -370,12 +373,15 @@ def cross_head_grad_kernel(
 
 
 @triton.jit
-def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, key_width, query_width, weight_end, weight_rows,
-                    bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr):  # fmt: skip
+def sum_rows_kernel(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_width, query_width, weight_end,
+                    weight_rows, bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr,
+                    SOFTPLUS: tl.constexpr = False):  # fmt: skip
     """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
     (rows, key_width), of whose columns query_width … weight_end (the DWC weight's) only the first weight_rows rows
     are written, and whose last BIAS_GROUPS · bias_width columns (the DWC bias's, one share per head group) are
-    added into the bias_width columns of out from weight_end on; queries: (rows, query_width), fp32, contiguous."""
+    added into the bias_width columns of out from weight_end on; queries: (rows, query_width), fp32, contiguous.
+    ``SOFTPLUS``: the first query_width columns are the gradient of 1 / softplus(s) for the parameter s at
+    scale_ptr, and are written as the gradient of s (the chain rule here, not in torch launches after it)."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < width
     query_ok = cols < query_width
@@ -393,4 +399,9 @@ def sum_rows_kernel(keys_ptr, queries_ptr, out_ptr, rows, width, key_width, quer
         acc += tl.load(
             queries_ptr + block_rows * query_width + cols[None, :], mask=row_ok & query_ok[None, :], other=0.0
         )
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=col_ok)
+    total = tl.sum(acc, axis=0)
+    if SOFTPLUS:  # d(1/softplus(s))/ds = -sigmoid(s) / softplus(s)²
+        scale = tl.load(scale_ptr + cols, mask=query_ok, other=0.0).to(tl.float32)
+        inverse = 1.0 / tiles.softplus(scale)
+        total = tl.where(query_ok, total * -(inverse * inverse) * tl.sigmoid(scale), total)
+    tl.store(out_ptr + cols, total, mask=col_ok)

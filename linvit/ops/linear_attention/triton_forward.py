@@ -43,6 +43,7 @@ def state_kernel(
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
     ROWS_FIRST: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
     program also copies the DWC weight in the form the output kernel's taps multiply. ROWS_FIRST: the tiles' layout
@@ -58,7 +59,7 @@ def state_kernel(
     if HAS_DWC:
         tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, TENSOR_TAPS, TAP_DTYPE)
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     acc_s = tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32)
     acc_z = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)
     kept = tl.zeros([BLOCK_N], tl.float32)
@@ -96,6 +97,7 @@ def output_kernel(
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
     TOKEN_NORMS: tl.constexpr, ROWS_FIRST: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
     group's heads). ROWS_FIRST: the tiles' layout (`triton_tiles.load_rows`)."""
@@ -108,7 +110,7 @@ def output_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     dims = tl.arange(0, D_PAD)[None, None, :]
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
@@ -147,6 +149,7 @@ def token_norms_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_POS: tl.constexpr, WINDOW_H: tl.constexpr,
     WINDOW_W: tl.constexpr, ROWS_FIRST: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """The focused map's (m, ‖â‖², ‖â^p‖²) of the key (with its positional term) and the query of each token of chunk t
     of batch element b, over all C channels (the tile holds every head), as 6 fp32 per token of the image's tokens:
@@ -157,7 +160,7 @@ def token_norms_kernel(
     q_base = qkv_ptr + image.to(tl.int64) * stride_b
     pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
     norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, 0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, 0, H, D, H_PAD, D_PAD, SOFTPLUS)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     for row0 in tl.range(start, stop, BLOCK_N):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,

@@ -84,7 +84,8 @@ def n_bucket(launch: Launch) -> int:
 
 class KernelOptions(NamedTuple):
     """The scalar arguments of both custom ops (`triton.py`), in their order: the grid of the spatial tokens, the
-    heads, the feature map's code and power, the prefix tokens, the two epsilons and the window (0 × 0: global)."""
+    heads, the feature map's code and power, the prefix tokens, the two epsilons, the window (0 × 0: global) and
+    whether the temperature is given as its parameter."""
 
     grid_h: int
     grid_w: int
@@ -96,6 +97,7 @@ class KernelOptions(NamedTuple):
     feature_eps: float
     window_h: int = 0
     window_w: int = 0
+    temperature_scale: int = 0  # 1: the temperature tensor is the parameter s, the kernels take 1 / softplus(s)
 
 
 class Geometry(NamedTuple):

@@ -91,7 +91,8 @@ def forward_plan(
     the focused map's per-token norms (:func:`token_norms_shape`).
 
     ``mask`` is the key mask as uint8 (or None)."""
-    _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
+    num_heads, feature_map, focusing_factor = options.num_heads, options.feature_map, options.focusing_factor
+    num_prefix_tokens, eps, feature_eps = options.num_prefix_tokens, options.eps, options.feature_eps
     images, map_tokens, _ = qkv.shape
     walked = geometry(images, map_tokens, options)
     batch, tokens = walked.batch, walked.tokens
@@ -109,7 +110,8 @@ def forward_plan(
     taps = tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
     out = torch.empty(images, map_tokens, channels, device=qkv.device, dtype=qkv.dtype)
     flags = {"MAP": feature_map, "POWER": focusing_factor, "PRESCALED": prescaled, "HAS_MASK": mask is not None,
-             **walked.window_constants, "TOKEN_NORMS": token_norms}  # fmt: skip
+             **walked.window_constants, "TOKEN_NORMS": token_norms,
+             "SOFTPLUS": bool(options.temperature_scale)}  # fmt: skip
     trips = tile_trips(tokens, chunk, chunks)
     norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value}
     state = Launch(
@@ -291,6 +293,7 @@ def _token_norms(
             "HAS_POS": key_position is not None,
             **walked.window_constants,
             "ROWS_FIRST": triton_taps.ROWS_FIRST,
+            "SOFTPLUS": bool(options.temperature_scale),
         },
         lambda block: (trips(block),),
     )
@@ -309,7 +312,8 @@ def backward_plan(
 ) -> tuple[list[Launch], Tensor, Tensor]:
     """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
     then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
-    _, _, num_heads, feature_map, focusing_factor, num_prefix_tokens, eps, feature_eps, _, _ = options
+    num_heads, feature_map, focusing_factor = options.num_heads, options.feature_map, options.focusing_factor
+    num_prefix_tokens, eps, feature_eps = options.num_prefix_tokens, options.eps, options.feature_eps
     partial_s, partial_z, partial_count, norms = partials
     _, chunks = partial_count.shape
     images, map_tokens, _ = qkv.shape
@@ -344,7 +348,9 @@ def backward_plan(
     inv = _optional(inverse_temperature, qkv)
     dwc = {**dwc_constants(dwc_weight), **transposed_tap_products(qkv.dtype, sizes["H_PAD"], sizes["D_PAD"])}
     taps = tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
-    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms}
+    softplus = {"SOFTPLUS": bool(options.temperature_scale)}  # inv holds the parameter s: kernels take 1/softplus(s)
+    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms,
+              **softplus}  # fmt: skip
     group_args = {
         "norms_ptr": norms if token_norms else qkv,
         "cross_ptr": cross,
@@ -434,6 +440,7 @@ def backward_plan(
             "POWER": focusing_factor,
             "HAS_POS": key_position is not None,
             **walked.window_constants,
+            **softplus,
         },
         lambda block: (trips(block),),
     )
@@ -484,6 +491,7 @@ def backward_plan(
         {
             "keys_ptr": key_grads,
             "queries_ptr": cross_grads,
+            "scale_ptr": inv,
             "out_ptr": small_grads,
             "rows": batch * chunks,
             "width": width,
@@ -493,7 +501,7 @@ def backward_plan(
             "weight_rows": weight_programs,
             "bias_width": head_dim,
         },
-        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1},
+        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1, **softplus},
         lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
         tuned=False,
         num_warps=4,

@@ -36,6 +36,7 @@ def output_rows_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
     K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKEN_NORMS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) + DWC(v) (+ bias) for the tokens of strip ``program_id(1) % strips`` (STRIP
     columns) of band ``program_id(1) // strips`` (band_rows rows) of image ``program_id(0)`` (its group's heads).
@@ -45,7 +46,7 @@ def output_rows_kernel(
     top = (tl.program_id(1) // strips) * band_rows
     bottom = tl.minimum(top + band_rows, map_h)
     head0 = tiles.first_head(H, H_PAD)
-    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, chunks, head0, H, D, H_PAD, D_PAD)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
     v_base = q_base + 2 * H * D

@@ -47,12 +47,27 @@ def tile_channels(head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, 
 
 
 @triton.jit
+def softplus(x):
+    """log(1 + eˣ) in fp32 as torch's softplus gives it (x itself above 20), without losing the small values of a very
+    negative x: log1p(u) = u · log(1 + u) / ((1 + u) - 1), exact where 1 + u rounds to 1."""
+    u = tl.exp(-tl.abs(x))
+    w = 1.0 + u
+    rounded = w == 1.0
+    log1p = tl.where(rounded, u, tl.log(w) * (u / tl.where(rounded, 1.0, w - 1.0)))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
+
+
+@triton.jit
 def channels_and_inverse(inv_ptr, head0, H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr,
-                         D_PAD: tl.constexpr):  # fmt: skip
+                         D_PAD: tl.constexpr, SOFTPLUS: tl.constexpr = False):  # fmt: skip
     """:func:`tile_channels` and the inverse temperature of each channel, (H_PAD, 1, D_PAD) in fp32 (1 out of
-    range): how every kernel that maps q or k begins."""
+    range): how every kernel that maps q or k begins. ``SOFTPLUS``: inv_ptr holds the temperature's parameter s
+    itself, and the inverse is 1 / softplus(s), computed here (no torch launch before the kernels)."""
     channels, channel_ok = tile_channels(head0, H, D, H_PAD, D_PAD)
-    return channels, channel_ok, tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    loaded = tl.load(inv_ptr + channels, mask=channel_ok, other=1.0).to(tl.float32)
+    if SOFTPLUS:
+        loaded = tl.where(channel_ok, 1.0 / softplus(loaded), 1.0)
+    return channels, channel_ok, loaded
 
 
 @triton.jit
