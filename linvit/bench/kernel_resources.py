@@ -51,7 +51,7 @@ from linvit.bench.kernel_cost import (  # noqa: E402
     kernel_cost,
     unlaunchable,
 )
-from linvit.ops.linear_attention import triton_geometry, triton_launch  # noqa: E402
+from linvit.ops.linear_attention import triton_geometry, triton_launch, triton_launch_backward  # noqa: E402
 from linvit.ops.linear_attention.triton_feature_maps import ELU, FOCUSED, RELU  # noqa: E402
 
 _MAPS = {"focused": FOCUSED, "relu": RELU, "elu": ELU}
@@ -125,7 +125,7 @@ def plans(shape: Shape) -> tuple[list[triton_geometry.Launch], list[triton_geome
     forward, out, partials = triton_launch.forward_plan(
         qkv, inverse, position, weight, bias, None, options, False, multiprocessors=H200_MULTIPROCESSORS
     )
-    backward, _, _ = triton_launch.backward_plan(
+    backward, _, _ = triton_launch_backward.backward_plan(
         out, qkv, partials, inverse, position, weight, None, options, multiprocessors=H200_MULTIPROCESSORS
     )
     return forward, backward

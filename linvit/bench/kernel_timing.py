@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-FORWARD_KERNELS = ("state_kernel", "output_kernel", "token_norms_kernel")
+FORWARD_KERNELS = ("state_kernel", "output_kernel", "output_rows_kernel", "token_norms_kernel")
 
 
 def _focused_call(shape, device):

@@ -222,7 +222,7 @@ def trace(
 
 def focused_answers(multiprocessors: int) -> dict[str, Callable]:
     """The fused ops answered by their launch plans' outputs (shapes only: the plans allocate, nothing runs)."""
-    from linvit.ops.linear_attention import triton_launch
+    from linvit.ops.linear_attention import triton_launch, triton_launch_backward
     from linvit.ops.linear_attention.triton_geometry import KernelOptions
 
     def forward(qkv, inverse, position, weight, bias, mask, *scalars):
@@ -235,8 +235,9 @@ def focused_answers(multiprocessors: int) -> dict[str, Callable]:
     def backward(grad_out, qkv, partial_s, partial_z, partial_count, norms, inverse, position, weight, mask, *options):
         mask = None if mask is None else mask.view(torch.uint8)
         partials = (partial_s, partial_z, partial_count, norms)
-        _, grad_qkv, small = triton_launch.backward_plan(grad_out, qkv, partials, inverse, position, weight, mask,
-                                                         KernelOptions(*options), multiprocessors)  # fmt: skip
+        _, grad_qkv, small = triton_launch_backward.backward_plan(
+            grad_out, qkv, partials, inverse, position, weight, mask, KernelOptions(*options), multiprocessors
+        )
         return grad_qkv, small
 
     return dict(zip(FUSED_OPS, (forward, backward)))

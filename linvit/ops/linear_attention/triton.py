@@ -6,10 +6,11 @@ focused map's per-token norms (else an empty tensor); the backward op
 (``torch.ops.linvit.linear_attention_qkv_backward``) recomputes the feature maps from q|k|v and returns dL/dqkv and
 the small gradients (inverse temperature, DWC weight and bias) as one fp32 vector. They are Triton ops
 (``torch.library.triton_op``), so ``torch.compile`` sees the kernels, and autograd is registered on the forward op.
-The launches are planned in `triton_launch.py` (grids, chunking and the autotune space in `triton_geometry.py`, the
-DWC's taps in `triton_taps.py`), a new shape's tile configurations compiled in parallel before autotuning by
-`triton_precompile.py`; the kernels are described in `triton_forward.py` and `triton_backward.py`, their tile
-helpers in `triton_tiles.py` and their feature maps in `triton_feature_maps.py`.
+The launches are planned in `triton_launch.py` and `triton_launch_backward.py` (grids, chunking and the autotune
+space in `triton_geometry.py`, the DWC's taps in `triton_taps.py`), a new shape's tile configurations compiled in
+parallel before autotuning by `triton_precompile.py`; the kernels are described in `triton_forward.py`,
+`triton_rows.py` and `triton_backward.py`, their tile helpers in `triton_tiles.py` and their feature maps in
+`triton_feature_maps.py`.
 
 Traffic per token (bf16, C channels): forward reads k|v (4C B), then q and the DWC taps of v (on a whole map each
 value K times, one per horizontal tap: `triton_rows.py`), and writes the output (2C B); backward reads q and dL/dout
@@ -26,7 +27,7 @@ from torch import Tensor
 from torch._guards import detect_fake_mode
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_geometry, triton_launch, triton_precompile
+from linvit.ops.linear_attention import triton_geometry, triton_launch, triton_launch_backward, triton_precompile
 from linvit.ops.linear_attention.arguments import LinearAttentionArguments
 from linvit.ops.linear_attention.triton_feature_maps import ELU, FOCUSED, RELU
 from linvit.ops.linear_attention.triton_geometry import KernelOptions
@@ -211,7 +212,7 @@ def _backward(
     *options: float,
 ) -> tuple[Tensor, Tensor]:
     """dL/dqkv and the small gradients; ``options``: the KernelOptions."""
-    launches, grad_qkv, small_grads = triton_launch.backward_plan(
+    launches, grad_qkv, small_grads = triton_launch_backward.backward_plan(
         grad_out, qkv, (partial_s, partial_z, partial_count, token_norms), inverse_temperature, key_position,
         dwc_weight, _mask_bytes(key_mask), KernelOptions(*options),
     )  # fmt: skip

@@ -1,0 +1,241 @@
+"""How the backward's linear-attention kernels are launched: its plan (the forward's and the shared arguments are
+`triton_launch.py`'s)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from linvit.ops._backend import interpreting
+from linvit.ops.linear_attention import triton_backward, triton_geometry, triton_taps
+from linvit.ops.linear_attention.triton_feature_maps import NORMS_PER_TOKEN
+from linvit.ops.linear_attention.triton_geometry import (
+    KernelOptions,
+    Launch,
+    geometry,
+    head_groups,
+    kernel_sizes,
+    num_chunks,
+    tile_trips,
+    weight_items_per_program,
+    weight_taps_per_program,
+)
+from linvit.ops.linear_attention.triton_launch import optional_tensor, position_stride, walk_arguments
+from linvit.ops.linear_attention.triton_taps import bf16_pairs, dwc_constants, tap_buffer, transposed_tap_products
+
+__all__ = ["backward_plan"]
+
+SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
+SUM_ROWS = 8  # rows it adds per step
+
+
+def backward_plan(
+    grad_out: Tensor,
+    qkv: Tensor,
+    partials: tuple[Tensor, Tensor, Tensor, Tensor],
+    inverse_temperature: Tensor | None,
+    key_position: Tensor | None,
+    dwc_weight: Tensor | None,
+    mask: Tensor | None,
+    options: KernelOptions,
+    multiprocessors: int | None = None,
+) -> tuple[list[Launch], Tensor, Tensor]:
+    """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
+    then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
+    num_heads, feature_map, focusing_factor = options.num_heads, options.feature_map, options.focusing_factor
+    num_prefix_tokens, eps, feature_eps = options.num_prefix_tokens, options.eps, options.feature_eps
+    partial_s, partial_z, partial_count, norms = partials
+    _, chunks = partial_count.shape
+    images, map_tokens, _ = qkv.shape
+    walked = geometry(images, map_tokens, options)
+    batch, tokens = walked.batch, walked.tokens
+    channels = qkv.shape[-1] // 3
+    sizes = kernel_sizes(channels, num_heads, qkv.dtype)
+    head_dim, groups = sizes["D"], head_groups(num_heads, sizes["D"])
+    chunk, planned = num_chunks(batch, tokens, qkv.device, multiprocessors, groups)
+    if planned != chunks:
+        raise ValueError(f"the forward's partial states hold {chunks} chunks, this device plans {planned}")
+    trips = tile_trips(tokens, chunk, chunks)
+    floats = {"device": qkv.device, "dtype": torch.float32}
+    grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+    partial_ds = torch.empty_like(partial_s)
+    partial_dz = torch.empty_like(partial_z)
+    token_norms = norms.numel() > 0
+    # each token's share of the focused map's cross-head sum per head group: the queries', then the keys'
+    cross = torch.empty(images, map_tokens, 2, groups, **floats) if token_norms else qkv
+    # dq | dk without the cross-head term, which cross_head_grad reads to write them into dL/dqkv with it: a buffer of
+    # their own, so that no launch reads what it writes (an in-place sum under autotune adds its term once per run)
+    dqk = torch.empty(images, map_tokens, 2 * channels, dtype=qkv.dtype, device=qkv.device) if token_norms else grad_qkv
+    kernel_size = 1 if dwc_weight is None else dwc_weight.shape[-1]
+    weight_end = channels + (head_dim * kernel_size * kernel_size if dwc_weight is not None else 0)
+    width = weight_end + (head_dim if dwc_weight is not None else 0)
+    key_width = width + (groups - 1) * head_dim if dwc_weight is not None else width  # a bias share per group
+    query_grads = torch.empty(batch * chunks, channels, **floats)
+    # the queries' temperature partials with the cross-head term's share (cross_head_grad's rows; sum_rows adds them)
+    cross_grads = torch.empty_like(query_grads) if token_norms else query_grads
+    key_grads = torch.empty(batch * chunks, key_width, **floats)
+    small_grads = torch.empty(width, **floats)
+    inv = optional_tensor(inverse_temperature, qkv)
+    dwc = {**dwc_constants(dwc_weight), **transposed_tap_products(qkv.dtype, sizes["H_PAD"], sizes["D_PAD"])}
+    taps = tap_buffer(dwc_weight, qkv, dwc, sizes["D_PAD"])
+    softplus = {"SOFTPLUS": bool(options.temperature_scale)}  # inv holds the parameter s: kernels take 1/softplus(s)
+    common = {"MAP": feature_map, "POWER": focusing_factor, **walked.window_constants, "TOKEN_NORMS": token_norms,
+              **softplus}  # fmt: skip
+    group_args = {
+        "norms_ptr": norms if token_norms else qkv,
+        "cross_ptr": cross,
+        "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value,
+        "cross_stride_b": map_tokens * 2 * groups,
+    }
+    out_grad_args = {"do_ptr": grad_out, "do_stride_b": grad_out.stride(0), "do_stride_n": grad_out.stride(1)}
+    grad_args = {"dqkv_ptr": grad_qkv, "dqkv_stride_b": grad_qkv.stride(0), "dqkv_stride_n": grad_qkv.stride(1)}
+    dqk_args = {"dqk_ptr": dqk, "dqk_stride_b": dqk.stride(0), "dqk_stride_n": dqk.stride(1)}
+    query = Launch(
+        "query_grad",
+        triton_backward.query_grad_kernel,
+        (batch, chunks, groups),
+        {
+            **walk_arguments(qkv, chunk, walked),
+            **group_args,
+            **out_grad_args,
+            **dqk_args,
+            "inv_ptr": inv,
+            "s_ptr": partial_s,
+            "z_ptr": partial_z,
+            "count_ptr": partial_count,
+            "ds_ptr": partial_ds,
+            "dz_ptr": partial_dz,
+            "grads_ptr": query_grads,
+            "w_ptr": optional_tensor(dwc_weight, qkv),
+            "taps_ptr": taps,
+            "eps": eps,
+            "feature_eps": feature_eps,
+        },
+        {**sizes, **common, **dwc},
+        lambda block: (chunks, trips(block)),
+    )
+    key_value = Launch(
+        "key_value_grad",
+        triton_backward.key_value_grad_kernel,
+        (batch, chunks, groups),
+        {
+            **walk_arguments(qkv, chunk, walked),
+            **group_args,
+            **out_grad_args,
+            **grad_args,
+            **dqk_args,
+            "pos_ptr": optional_tensor(key_position, qkv),
+            "inv_ptr": inv,
+            "mask_ptr": optional_tensor(mask, qkv),
+            "ds_ptr": partial_ds,
+            "dz_ptr": partial_dz,
+            "count_ptr": partial_count,
+            "taps_ptr": taps,
+            "grads_ptr": key_grads,
+            "pos_stride_b": position_stride(key_position),
+            "mask_stride_b": tokens,
+            "prefix": num_prefix_tokens,
+            "grads_width": key_width,
+            "feature_eps": feature_eps,
+        },
+        {
+            **sizes,
+            **common,
+            **dwc,
+            **bf16_pairs(grad_out, head_dim, dwc, walked.windowed),
+            "HAS_POS": key_position is not None,
+            "HAS_MASK": mask is not None,
+        },
+        lambda block: (chunks, trips(block)),
+    )
+    cross_head = Launch(
+        "cross_head_grad",
+        triton_backward.cross_head_grad_kernel,
+        (batch, chunks, groups),
+        {
+            **walk_arguments(qkv, chunk, walked),
+            **group_args,
+            "pos_ptr": optional_tensor(key_position, qkv),
+            "inv_ptr": inv,
+            **dqk_args,
+            **grad_args,
+            "grads_ptr": query_grads,
+            "cross_grads_ptr": cross_grads,
+            "pos_stride_b": position_stride(key_position),
+            "prefix": num_prefix_tokens,
+            "feature_eps": feature_eps,
+        },
+        {
+            **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
+            "POWER": focusing_factor,
+            "HAS_POS": key_position is not None,
+            **walked.window_constants,
+            **softplus,
+        },
+        lambda block: (trips(block),),
+    )
+    items = batch * chunks
+    heads_pad = triton.next_power_of_2(num_heads)
+    taps = weight_taps_per_program(heads_pad, sizes["D_PAD"])
+    tap_programs = triton.cdiv(kernel_size * kernel_size, taps)
+    per_program = weight_items_per_program(
+        items, tap_programs, multiprocessors or triton_geometry.device_multiprocessors(qkv.device)
+    )
+    weight_programs = triton.cdiv(items, per_program)
+    weight = Launch(
+        "dwc_weight_grad",
+        triton_backward.dwc_weight_grad_kernel,
+        (weight_programs, tap_programs),
+        {
+            **walk_arguments(qkv, chunk, walked),
+            "mask_ptr": optional_tensor(mask, qkv),
+            "do_ptr": grad_out,
+            "grads_ptr": key_grads,
+            "do_stride_b": grad_out.stride(0),
+            "do_stride_n": grad_out.stride(1),
+            "mask_stride_b": tokens,
+            "prefix": num_prefix_tokens,
+            "grads_width": key_width,
+            "items": items,
+            "items_per_program": per_program,
+        },
+        {
+            "H": num_heads,
+            "D": head_dim,
+            "H_PAD": heads_pad,
+            **{key: sizes[key] for key in ("D_PAD", "DOT_PRECISION")},
+            "K": kernel_size,
+            "TAPS": taps,
+            "HAS_MASK": mask is not None,
+            **walked.window_constants,
+            "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
+            "ROWS_FIRST": triton_taps.ROWS_FIRST,
+        },
+        # one item per program: the launcher makes items_per_program the constant 1, and the item loop is gone
+        lambda block: (trips(block),) if per_program == 1 else (items / weight_programs, trips(block)),
+    )
+    total = Launch(
+        "sum_grads",
+        triton_backward.sum_rows_kernel,
+        (triton.cdiv(width, SUM_BLOCK),),
+        {
+            "keys_ptr": key_grads,
+            "queries_ptr": cross_grads,
+            "scale_ptr": inv,
+            "out_ptr": small_grads,
+            "rows": batch * chunks,
+            "width": width,
+            "key_width": key_width,
+            "query_width": channels,
+            "weight_end": weight_end,
+            "weight_rows": weight_programs,
+            "bias_width": head_dim,
+        },
+        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1, **softplus},
+        lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
+        tuned=False,
+        num_warps=4,
+    )
+    launches = [query, key_value] + ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
+    return launches + [total], grad_qkv, small_grads
