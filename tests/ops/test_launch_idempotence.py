@@ -24,7 +24,6 @@ import pytest
 import torch
 from test_linear_attention import CASES, _assert_close, _case, _cast, _inputs, _run
 
-from linvit.ops import linear_attention_qkv
 from linvit.ops._backend import interpreting
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -136,20 +135,23 @@ def test_every_launch_twice_gives_the_reference_result_wide(name, request):
 
 
 @pytest.mark.parametrize("kernel", [3, 5])
-def test_the_rows_kernel_run_twice_gives_the_same_output(kernel):
-    """The forward of 16-bit inputs on a whole map (`triton_rows.output_rows_kernel`, with head groups and their
-    norms pass) gives the same output, bit for bit, with every launch run twice as run once."""
+def test_the_rows_kernels_run_twice_give_the_same_result(kernel):
+    """Forward and backward of 16-bit inputs on a whole map (`triton_rows.output_rows_kernel`,
+    `triton_rows_backward.dwc_weight_rows_kernel`, with head groups and their norms and cross-head passes) give the
+    same output and gradients, bit for bit, with every launch run twice as run once."""
     if not interpreting():
-        _in_interpreter_subprocess(f"test_the_rows_kernel_run_twice_gives_the_same_output[{kernel}]")
+        _in_interpreter_subprocess(f"test_the_rows_kernels_run_twice_give_the_same_result[{kernel}]")
         return
     qkv, kwargs = _inputs(_case("focused", (6, 19), 8, 32, kernel=kernel, mask=True), batch=2)
     qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, torch.device("cpu"))
-    with torch.no_grad():
-        once = linear_attention_qkv(qkv16, backend="triton", **kwargs16)
-        with every_launch_twice() as launched:
-            twice = linear_attention_qkv(qkv16, backend="triton", **kwargs16)
-    assert set(launched) == {"token_norms_kernel", "state_kernel", "output_rows_kernel"}
+    grad_out = torch.randn(2, qkv.shape[1], qkv.shape[2] // 3, generator=torch.Generator().manual_seed(3))
+    once, once_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
+    with every_launch_twice() as launched:
+        twice, twice_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
+    rows = {"output_rows_kernel", "dwc_weight_rows_kernel"}
+    assert rows <= set(launched) and not {"output_kernel", "dwc_weight_grad_kernel"} & set(launched)
     assert torch.equal(once, twice)
+    assert all(torch.equal(a, b) for a, b in zip(once_grads, twice_grads))
 
 
 def test_a_launch_that_adds_into_its_output_is_caught():

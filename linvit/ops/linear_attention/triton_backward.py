@@ -377,9 +377,10 @@ def sum_rows_kernel(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_
                     weight_rows, bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr,
                     SOFTPLUS: tl.constexpr = False):  # fmt: skip
     """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
-    (rows, key_width), of whose columns query_width … weight_end (the DWC weight's) only the first weight_rows rows
-    are written, and whose last BIAS_GROUPS · bias_width columns (the DWC bias's, one share per head group) are
-    added into the bias_width columns of out from weight_end on; queries: (rows, query_width), fp32, contiguous.
+    (max(rows, weight_rows), key_width), of whose columns query_width … weight_end (the DWC weight's) the first
+    weight_rows rows are written, of the others the first rows, and whose last BIAS_GROUPS · bias_width columns (the
+    DWC bias's, one share per head group) are added into the bias_width columns of out from weight_end on; queries:
+    (rows, query_width), fp32, contiguous.
     ``SOFTPLUS``: the first query_width columns are the gradient of 1 / softplus(s) for the parameter s at
     scale_ptr, and are written as the gradient of s (the chain rule here, not in torch launches after it)."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -388,10 +389,10 @@ def sum_rows_kernel(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_
     weight_column = (cols >= query_width) & (cols < weight_end)
     bias_column = (cols >= weight_end) & col_ok
     acc = tl.zeros([ROWS, BLOCK], tl.float32)
-    for row0 in tl.range(0, rows, ROWS):
+    for row0 in tl.range(0, tl.maximum(rows, weight_rows), ROWS):
         block_rows = (row0 + tl.arange(0, ROWS))[:, None]
         row_ok = block_rows < rows
-        key_ok = row_ok & col_ok[None, :] & (~weight_column[None, :] | (block_rows < weight_rows))
+        key_ok = col_ok[None, :] & tl.where(weight_column[None, :], block_rows < weight_rows, row_ok)
         acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :], mask=key_ok, other=0.0)
         for group in tl.static_range(1, BIAS_GROUPS):
             acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :] + group * bias_width,

@@ -8,21 +8,30 @@ import triton
 from torch import Tensor
 
 from linvit.ops._backend import interpreting
-from linvit.ops.linear_attention import triton_backward, triton_geometry, triton_taps
+from linvit.ops.linear_attention import triton_backward, triton_geometry, triton_rows_backward, triton_taps
 from linvit.ops.linear_attention.triton_feature_maps import NORMS_PER_TOKEN
 from linvit.ops.linear_attention.triton_geometry import (
+    ROW_WARPS,
     KernelOptions,
     Launch,
     geometry,
     head_groups,
     kernel_sizes,
     num_chunks,
+    row_bands,
+    row_strip,
     tile_trips,
     weight_items_per_program,
     weight_taps_per_program,
 )
-from linvit.ops.linear_attention.triton_launch import optional_tensor, position_stride, walk_arguments
-from linvit.ops.linear_attention.triton_taps import bf16_pairs, dwc_constants, tap_buffer, transposed_tap_products
+from linvit.ops.linear_attention.triton_launch import optional_tensor, position_stride, streams_rows, walk_arguments
+from linvit.ops.linear_attention.triton_taps import (
+    bf16_pairs,
+    dwc_constants,
+    tap_buffer,
+    tap_products,
+    transposed_tap_products,
+)
 
 __all__ = ["backward_plan"]
 
@@ -74,7 +83,10 @@ def backward_plan(
     query_grads = torch.empty(batch * chunks, channels, **floats)
     # the queries' temperature partials with the cross-head term's share (cross_head_grad's rows; sum_rows adds them)
     cross_grads = torch.empty_like(query_grads) if token_norms else query_grads
-    key_grads = torch.empty(batch * chunks, key_width, **floats)
+    # rows of partials: one per chunk (the key kernel's), and the weight kernel's, as many as its programs
+    streamed = _weight_strips(qkv, dwc_weight, options, multiprocessors)
+    weight_rows = 0 if streamed is None else streamed[0] * streamed[2] * streamed[4]
+    key_grads = torch.empty(max(batch * chunks, weight_rows), key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = optional_tensor(inverse_temperature, qkv)
     dwc = {**dwc_constants(dwc_weight), **transposed_tap_products(qkv.dtype, sizes["H_PAD"], sizes["D_PAD"])}
@@ -176,6 +188,46 @@ def backward_plan(
         lambda block: (trips(block),),
     )
     items = batch * chunks
+    if streamed is not None:
+        weight, weight_programs = _streamed_weight_grad(qkv, grad_out, mask, key_grads, key_width, options,
+                                                        kernel_size, streamed)  # fmt: skip
+    else:
+        weight, weight_programs = _tiled_weight_grad(qkv, grad_out, mask, key_grads, key_width, options, chunk, walked,
+                                                     sizes, trips, items, kernel_size, multiprocessors)  # fmt: skip
+    total = Launch(
+        "sum_grads",
+        triton_backward.sum_rows_kernel,
+        (triton.cdiv(width, SUM_BLOCK),),
+        {
+            "keys_ptr": key_grads,
+            "queries_ptr": cross_grads,
+            "scale_ptr": inv,
+            "out_ptr": small_grads,
+            "rows": batch * chunks,
+            "width": width,
+            "key_width": key_width,
+            "query_width": channels,
+            "weight_end": weight_end,
+            "weight_rows": weight_programs,
+            "bias_width": head_dim,
+        },
+        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1, **softplus},
+        lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
+        tuned=False,
+        num_warps=4,
+    )
+    launches = [query, key_value] + ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
+    return launches + [total], grad_qkv, small_grads
+
+
+def _tiled_weight_grad(
+    qkv: Tensor, grad_out: Tensor, mask: Tensor | None, key_grads: Tensor, key_width: int, options: KernelOptions,
+    chunk: int, walked, sizes: dict, trips, items: int, kernel_size: int, multiprocessors: int | None,
+) -> tuple[Launch, int]:  # fmt: skip
+    """`triton_backward.dwc_weight_grad_kernel`'s launch (over the chunks or windows, up to three taps a program) and
+    the rows of partials it writes."""
+    num_heads, num_prefix_tokens, tokens = options.num_heads, options.num_prefix_tokens, walked.tokens
+    head_dim = sizes["D"]
     heads_pad = triton.next_power_of_2(num_heads)
     taps = weight_taps_per_program(heads_pad, sizes["D_PAD"])
     tap_programs = triton.cdiv(kernel_size * kernel_size, taps)
@@ -215,27 +267,72 @@ def backward_plan(
         # one item per program: the launcher makes items_per_program the constant 1, and the item loop is gone
         lambda block: (trips(block),) if per_program == 1 else (items / weight_programs, trips(block)),
     )
-    total = Launch(
-        "sum_grads",
-        triton_backward.sum_rows_kernel,
-        (triton.cdiv(width, SUM_BLOCK),),
+    return weight, weight_programs
+
+
+def _weight_strips(
+    qkv: Tensor, dwc_weight: Tensor | None, options: KernelOptions, multiprocessors: int | None
+) -> tuple[int, int, int, int, int] | None:
+    """(images, strip, strips, band_rows, bands) of `triton_rows_backward.dwc_weight_rows_kernel` (`triton_geometry`'s
+    row_strip and row_bands, every head in a program) where the forward streams its rows too
+    (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to 32); None
+    elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in fp32)."""
+    head_dim_pad = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)["D_PAD"]
+    whole_map = geometry(qkv.shape[0], qkv.shape[1], options)
+    if not streams_rows(dwc_weight, whole_map, options.num_prefix_tokens, tap_products(qkv.dtype, head_dim_pad)):
+        return None
+    images, heads_pad = qkv.shape[0], triton.next_power_of_2(options.num_heads)
+    strip = row_strip(heads_pad)
+    strips, band_rows, bands = row_bands(images, options.grid_h, options.grid_w, 1, strip, qkv.device, multiprocessors)
+    return images, strip, strips, band_rows, bands
+
+
+def _streamed_weight_grad(
+    qkv: Tensor, grad_out: Tensor, mask: Tensor | None, key_grads: Tensor, key_width: int, options: KernelOptions,
+    dwc_kernel_size: int, strips_and_bands: tuple[int, int, int, int, int],
+) -> tuple[Launch, int]:  # fmt: skip
+    """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, :func:`_weight_strips`, one program per
+    horizontal tap) and the rows of partials it writes."""
+    images, strip, strips, band_rows, bands = strips_and_bands
+    map_h, map_w = options.grid_h, options.grid_w
+    sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
+    heads_pad = triton.next_power_of_2(options.num_heads)
+    programs = images * strips * bands
+    kernel_size = dwc_kernel_size
+    launch = Launch(
+        "dwc_weight_rows",
+        triton_rows_backward.dwc_weight_rows_kernel,
+        (programs, kernel_size),
         {
-            "keys_ptr": key_grads,
-            "queries_ptr": cross_grads,
-            "scale_ptr": inv,
-            "out_ptr": small_grads,
-            "rows": batch * chunks,
-            "width": width,
-            "key_width": key_width,
-            "query_width": channels,
-            "weight_end": weight_end,
-            "weight_rows": weight_programs,
-            "bias_width": head_dim,
+            "qkv_ptr": qkv,
+            "mask_ptr": optional_tensor(mask, qkv),
+            "do_ptr": grad_out,
+            "grads_ptr": key_grads,
+            "stride_b": qkv.stride(0),
+            "stride_n": qkv.stride(1),
+            "do_stride_b": grad_out.stride(0),
+            "do_stride_n": grad_out.stride(1),
+            "mask_stride_b": qkv.shape[1],
+            "grads_width": key_width,
+            "strips": strips,
+            "bands": bands,
+            "band_rows": band_rows,
+            "map_h": map_h,
+            "map_w": map_w,
         },
-        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1, **softplus},
-        lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
+        {
+            "H": options.num_heads,
+            "D": sizes["D"],
+            "H_PAD": heads_pad,
+            "D_PAD": sizes["D_PAD"],
+            "STRIP": strip,
+            "K": kernel_size,
+            "HAS_MASK": mask is not None,
+            "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
+            "DOT_PRECISION": sizes["DOT_PRECISION"],
+        },
+        lambda block: (band_rows + kernel_size - 1,),
         tuned=False,
-        num_warps=4,
+        num_warps=ROW_WARPS,
     )
-    launches = [query, key_value] + ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
-    return launches + [total], grad_qkv, small_grads
+    return launch, programs
