@@ -556,10 +556,12 @@ def test_custom_ops_pass_torch_opcheck():
     qkv, kwargs = _cast(qkv, kwargs, torch.float32, TRITON_DEVICE)
     hw, heads = kwargs["hw"], kwargs["num_heads"]
     tensors = [kwargs[k] for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
-    options = [hw[0], hw[1], heads, 0, 3.0, 0, 1e-6, 1e-6, 0, 0]
+    options = [hw[0], hw[1], heads, 0, 3.0, 0, 1e-6, 1e-6, 0, 0, 0]  # the last: the temperature is its inverse
     forward = torch.ops.linvit.linear_attention_qkv_forward.default
     torch.library.opcheck(forward, (qkv, *tensors, *options, False))
     torch.library.opcheck(forward, (qkv.detach(), None, None, None, None, None, *options, False))
+    scale = (1.0 / tensors[0].detach()).expm1().log().requires_grad_(True)  # softplus⁻¹(1 / inverse)
+    torch.library.opcheck(forward, (qkv, scale, *tensors[1:], *options[:-1], 1, False))  # given as its parameter
     out, *partials = forward(qkv.detach(), *[t.detach() for t in tensors], *options, False)
     grad_out = torch.randn_like(out)
     backward = torch.ops.linvit.linear_attention_qkv_backward.default
@@ -580,7 +582,7 @@ def test_custom_ops_pass_torch_opcheck_in_windows(head_dim):
     qkv, kwargs = _cast(*_inputs(small_windows, batch=1), torch.float32, TRITON_DEVICE)
     hw, window = kwargs["hw"], kwargs["window"]
     tensors = [kwargs.get(k) for k in ("inverse_temperature", "key_position", "dwc_weight", "dwc_bias", "key_mask")]
-    options = [hw[0], hw[1], kwargs["num_heads"], 0, 3.0, 0, 1e-6, 1e-6, *window]
+    options = [hw[0], hw[1], kwargs["num_heads"], 0, 3.0, 0, 1e-6, 1e-6, *window, 0]
     torch.library.opcheck(torch.ops.linvit.linear_attention_qkv_forward.default, (qkv, *tensors, *options, False))
 
 
