@@ -37,6 +37,7 @@ __all__ = ["backward_plan"]
 
 SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
 SUM_ROWS = 8  # rows it adds per step
+WEIGHT_ROW_HEADS = 4  # heads a program of the streamed DWC weight gradient holds (8 spilled: 6×32 by the cost figure)
 
 
 def backward_plan(
@@ -85,7 +86,7 @@ def backward_plan(
     cross_grads = torch.empty_like(query_grads) if token_norms else query_grads
     # rows of partials: one per chunk (the key kernel's), and the weight kernel's, as many as its programs
     streamed = _weight_strips(qkv, dwc_weight, options, multiprocessors)
-    weight_rows = 0 if streamed is None else streamed[0] * streamed[2] * streamed[4]
+    weight_rows = 0 if streamed is None else streamed[0] * streamed[2] * streamed[4] * streamed[5]
     key_grads = torch.empty(max(batch * chunks, weight_rows), key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = optional_tensor(inverse_temperature, qkv)
@@ -272,37 +273,38 @@ def _tiled_weight_grad(
 
 def _weight_strips(
     qkv: Tensor, dwc_weight: Tensor | None, options: KernelOptions, multiprocessors: int | None
-) -> tuple[int, int, int, int, int] | None:
-    """(images, strip, strips, band_rows, bands) of `triton_rows_backward.dwc_weight_rows_kernel` (`triton_geometry`'s
-    row_strip and row_bands, every head in a program) where the forward streams its rows too
-    (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to 32); None
-    elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in fp32)."""
+) -> tuple[int, int, int, int, int, int] | None:
+    """(images, strip, strips, band_rows, bands, head groups) of `triton_rows_backward.dwc_weight_rows_kernel`
+    (`triton_geometry.row_strip` and `row_bands`; up to WEIGHT_ROW_HEADS heads a program) where the forward streams
+    its rows too (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to
+    32); None elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in
+    fp32)."""
     head_dim_pad = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)["D_PAD"]
     whole_map = geometry(qkv.shape[0], qkv.shape[1], options)
     if not streams_rows(dwc_weight, whole_map, options.num_prefix_tokens, tap_products(qkv.dtype, head_dim_pad)):
         return None
-    images, heads_pad = qkv.shape[0], triton.next_power_of_2(options.num_heads)
-    strip = row_strip(heads_pad)
+    images, heads_pad = qkv.shape[0], min(WEIGHT_ROW_HEADS, triton.next_power_of_2(options.num_heads))
+    strip, groups = row_strip(heads_pad), triton.cdiv(options.num_heads, heads_pad)
     strips, band_rows, bands = row_bands(images, options.grid_h, options.grid_w, 1, strip, qkv.device, multiprocessors)
-    return images, strip, strips, band_rows, bands
+    return images, strip, strips, band_rows, bands, groups
 
 
 def _streamed_weight_grad(
     qkv: Tensor, grad_out: Tensor, mask: Tensor | None, key_grads: Tensor, key_width: int, options: KernelOptions,
-    dwc_kernel_size: int, strips_and_bands: tuple[int, int, int, int, int],
+    dwc_kernel_size: int, strips_and_bands: tuple[int, int, int, int, int, int],
 ) -> tuple[Launch, int]:  # fmt: skip
     """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, :func:`_weight_strips`, one program per
     horizontal tap) and the rows of partials it writes."""
-    images, strip, strips, band_rows, bands = strips_and_bands
+    images, strip, strips, band_rows, bands, groups = strips_and_bands
     map_h, map_w = options.grid_h, options.grid_w
     sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
-    heads_pad = triton.next_power_of_2(options.num_heads)
+    heads_pad = min(WEIGHT_ROW_HEADS, triton.next_power_of_2(options.num_heads))
     programs = images * strips * bands
     kernel_size = dwc_kernel_size
     launch = Launch(
         "dwc_weight_rows",
         triton_rows_backward.dwc_weight_rows_kernel,
-        (programs, kernel_size),
+        (programs, kernel_size, groups),
         {
             "qkv_ptr": qkv,
             "mask_ptr": optional_tensor(mask, qkv),
@@ -335,4 +337,4 @@ def _streamed_weight_grad(
         tuned=False,
         num_warps=ROW_WARPS,
     )
-    return launch, programs
+    return launch, programs * groups

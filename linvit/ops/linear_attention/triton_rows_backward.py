@@ -4,11 +4,12 @@ of v and of dL/dout read once per program, one program per horizontal tap, inste
 dL/dw[dy, dx] = Σ over tokens o of v[o + (dy, dx) - K//2] · dL/dout[o], per channel and summed over the heads (the
 DWC's weight is shared by them). `triton_backward.dwc_weight_grad_kernel` reads v once per group of up to three taps
 and dL/dout once per tap (9.2 KB per token at the benchmark shape). Here a program owns a strip of columns, a band of
-rows and one horizontal tap dx, and walks the band row by row: v's row j shifted by dx is read once and multiplied
-with the K rows of dL/dout it meets (j - K//2 … j + K//2, a ring of K tiles: the newest loaded each row, the
-oldest dropped), one tensor-core product per vertical tap, (D, H_PAD·STRIP) @ (H_PAD·STRIP, D) over every head's
-tokens at once, whose diagonal is the tap's gradient and is taken once per program. The band's first K - 1 rows only
-fill the ring. A program writes its K taps' partial sums to its row of the plan's partials, as the tiled kernel does.
+rows, one horizontal tap dx and a group of up to four heads (more spilled), and walks the band row by row: v's row j
+shifted by dx is read once and multiplied with the K rows of dL/dout it meets (j - K//2 … j + K//2, a ring of K
+tiles: the newest loaded each row, the oldest dropped), one tensor-core product per vertical tap,
+(D, H_PAD·STRIP) @ (H_PAD·STRIP, D) over the group's tokens at once, whose diagonal is the tap's gradient and is
+taken once per program. The band's first K - 1 rows only fill the ring. A program writes its K taps' partial sums
+to its row of the plan's partials, as the tiled kernel does.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ def dwc_weight_rows_kernel(
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
     K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The partial dL/dw[·, dx] (dx = ``program_id(1)``) of strip ``p % strips`` of band ``p // strips % bands`` of
-    image ``p // (strips · bands)`` (p = ``program_id(0)``), into row p of grads_ptr (after its H·D temperature
-    columns, weight column d·K·K + dy·K + dx)."""
+    """The partial dL/dw[·, dx] (dx = ``program_id(1)``) of the heads of group g = ``program_id(2)`` (H_PAD heads
+    from g·H_PAD) in strip ``p % strips`` of band ``p // strips % bands`` of image ``p // (strips · bands)``
+    (p = ``program_id(0)``), into row p · groups + g of grads_ptr (after its H·D temperature columns, weight column
+    d·K·K + dy·K + dx)."""
     p = tl.program_id(0)
     dx = tl.program_id(1)
+    group = tl.program_id(2)
     image = p // (strips * bands)
     strip = p % strips
     top = (p // strips % bands) * band_rows
@@ -40,7 +43,7 @@ def dwc_weight_rows_kernel(
     v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
     mask_base = mask_ptr + image.to(tl.int64) * mask_stride_b
-    channels, channel_ok = tiles.tile_channels(0, H, D, H_PAD, D_PAD)
+    channels, channel_ok = tiles.tile_channels(group * H_PAD, H, D, H_PAD, D_PAD)
     columns = strip * STRIP + tl.arange(0, STRIP)
     R: tl.constexpr = K // 2
     FLAT: tl.constexpr = H_PAD * STRIP
@@ -76,7 +79,7 @@ def dwc_weight_rows_kernel(
         for m in tl.static_range(1, K):
             dropped = dropped + (ring[m],)
         ring = dropped
-    row = grads_ptr + p.to(tl.int64) * grads_width + H * D
+    row = grads_ptr + (p * tl.num_programs(2) + group).to(tl.int64) * grads_width + H * D
     dims = tl.arange(0, D_PAD)
     for dy in tl.static_range(K):
         diagonal = tl.sum(tl.where(dims[:, None] == dims[None, :], acc[dy], 0.0), axis=1)
