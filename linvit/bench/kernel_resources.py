@@ -125,8 +125,8 @@ def plans(shape: Shape) -> tuple[list[triton_geometry.Launch], list[triton_geome
     forward, out, partials = triton_launch.forward_plan(
         qkv, inverse, position, weight, bias, None, options, False, multiprocessors=H200_MULTIPROCESSORS
     )
-    backward, _, _ = triton_launch_backward.backward_plan(
-        out, qkv, partials, inverse, position, weight, None, options, multiprocessors=H200_MULTIPROCESSORS
+    backward, *_ = triton_launch_backward.backward_plan(
+        out, qkv, partials, inverse, position, weight, None, options, H200_MULTIPROCESSORS, position_grad=True
     )
     return forward, backward
 

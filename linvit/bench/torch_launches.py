@@ -232,13 +232,15 @@ def focused_answers(multiprocessors: int) -> dict[str, Callable]:
                                                       KernelOptions(*options), prescaled, multiprocessors)  # fmt: skip
         return (out, *partials)
 
-    def backward(grad_out, qkv, partial_s, partial_z, partial_count, norms, inverse, position, weight, mask, *options):
+    def backward(grad_out, qkv, partial_s, partial_z, partial_count, norms, inverse, position, weight, mask, *scalars):
+        *options, position_grad = scalars
         mask = None if mask is None else mask.view(torch.uint8)
         partials = (partial_s, partial_z, partial_count, norms)
-        _, grad_qkv, small = triton_launch_backward.backward_plan(
-            grad_out, qkv, partials, inverse, position, weight, mask, KernelOptions(*options), multiprocessors
-        )
-        return grad_qkv, small
+        _, grad_qkv, small, grad_position = triton_launch_backward.backward_plan(
+            grad_out, qkv, partials, inverse, position, weight, mask, KernelOptions(*options), multiprocessors,
+            position_grad,
+        )  # fmt: skip
+        return grad_qkv, small, qkv.new_empty(0) if grad_position is None else grad_position
 
     return dict(zip(FUSED_OPS, (forward, backward)))
 

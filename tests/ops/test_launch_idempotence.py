@@ -137,8 +137,8 @@ def test_every_launch_twice_gives_the_reference_result_wide(name, request):
 @pytest.mark.parametrize("kernel", [3, 5])
 def test_the_rows_kernels_run_twice_give_the_same_result(kernel):
     """Forward and backward of 16-bit inputs on a whole map (`triton_rows.output_rows_kernel`,
-    `triton_rows_backward.dwc_weight_rows_kernel`, with head groups and their norms and cross-head passes) give the
-    same output and gradients, bit for bit, with every launch run twice as run once."""
+    `triton_rows_backward.dwc_weight_rows_kernel` and `value_conv_rows_kernel`, with head groups and their norms and
+    cross-head passes) give the same output and gradients, bit for bit, with every launch run twice as run once."""
     if not interpreting():
         _in_interpreter_subprocess(f"test_the_rows_kernels_run_twice_give_the_same_result[{kernel}]")
         return
@@ -148,7 +148,7 @@ def test_the_rows_kernels_run_twice_give_the_same_result(kernel):
     once, once_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
     with every_launch_twice() as launched:
         twice, twice_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
-    rows = {"output_rows_kernel", "dwc_weight_rows_kernel"}
+    rows = {"output_rows_kernel", "dwc_weight_rows_kernel", "value_conv_rows_kernel"}
     assert rows <= set(launched) and not {"output_kernel", "dwc_weight_grad_kernel"} & set(launched)
     assert torch.equal(once, twice)
     assert all(torch.equal(a, b) for a, b in zip(once_grads, twice_grads))

@@ -148,8 +148,10 @@ def test_triton_backend_equals_naive_in_value_and_gradients(name):
 @needs_triton
 @pytest.mark.parametrize("kernel", [3, 5, 7])
 def test_the_rows_kernels_cover_ragged_strips_and_several_bands(kernel):
-    """On a whole map with 16-bit inputs the forward's output comes from `triton_rows.output_rows_kernel` and the DWC
-    weight's gradient from `triton_rows_backward.dwc_weight_rows_kernel`: strips of columns (the last one ragged) in
+    """On a whole map with 16-bit inputs the forward's output comes from `triton_rows.output_rows_kernel`, the DWC
+    weight's gradient from `triton_rows_backward.dwc_weight_rows_kernel` and dL/dv's transposed conv from its
+    `value_conv_rows_kernel` (and the shared positional table's gradient from the last kernel's sum over the images,
+    several blocks of tokens, the last ragged): strips of columns (the last one ragged) in
     bands of rows, each band reading the K//2 rows above and below it. On maps of three strips (in two bands; 16 and
     32 columns; two head groups with their norms pass), with a key mask, they equal the naive reference on the same
     rounded inputs for DWC sizes 3, 5 and 7 (7 reaches past a band of 5 rows), in value and every gradient; fp32
@@ -566,7 +568,8 @@ def test_custom_ops_pass_torch_opcheck():
     grad_out = torch.randn_like(out)
     backward = torch.ops.linvit.linear_attention_qkv_backward.default
     saved = [kwargs[k].detach() for k in ("inverse_temperature", "key_position", "dwc_weight", "key_mask")]
-    torch.library.opcheck(backward, (grad_out, qkv.detach(), *partials, *saved, *options))
+    for position_grad in (True, False):  # the table's gradient summed by the op, or left to the caller (windows)
+        torch.library.opcheck(backward, (grad_out, qkv.detach(), *partials, *saved, *options, position_grad))
 
 
 @needs_triton

@@ -58,8 +58,8 @@ _FORWARD_SCHEMA = (
 )
 _BACKWARD_SCHEMA = (
     "(Tensor grad_out, Tensor qkv, Tensor partial_s, Tensor partial_z, Tensor partial_count, Tensor token_norms, "
-    f"Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? key_mask, {_OPTIONS}) "
-    "-> (Tensor, Tensor)"
+    f"Tensor? inverse_temperature, Tensor? key_position, Tensor? dwc_weight, Tensor? key_mask, {_OPTIONS}, "
+    "bool position_grad) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -101,13 +101,20 @@ def _forward_shapes(qkv: Tensor, *args) -> tuple[Tensor, Tensor, Tensor, Tensor,
     )
 
 
-def _backward_shapes(grad_out: Tensor, qkv: Tensor, partial_s: Tensor, *args) -> tuple[Tensor, Tensor]:
-    """The backward op's outputs without running it: dqkv and the small gradients as one fp32 vector (the inverse
-    temperature's C values, then the DWC weight's d·k·k and bias's d)."""
-    dwc_weight = args[5]  # after partial_z, partial_count, token_norms, inverse_temperature, key_position
+def _backward_shapes(grad_out: Tensor, qkv: Tensor, partial_s: Tensor, *args) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward op's outputs without running it: dqkv, the small gradients as one fp32 vector (the inverse
+    temperature's C values, then the DWC weight's d·k·k and bias's d), and the positional table's gradient where
+    the op sums it (`triton_launch_backward.sums_positions`; else empty)."""
+    key_position, dwc_weight = args[4:6]  # after partial_z, partial_count, token_norms, inverse_temperature
+    *options, position_grad = args[7:]
     channels, head_dim = qkv.shape[2] // 3, partial_s.shape[-1]
     width = channels + (0 if dwc_weight is None else head_dim * dwc_weight.shape[-1] ** 2 + head_dim)
-    return torch.empty_like(qkv), qkv.new_empty(width, dtype=torch.float32)
+    summed = position_grad and triton_launch_backward.sums_positions(key_position, KernelOptions(*options))
+    return (
+        torch.empty_like(qkv),
+        qkv.new_empty(width, dtype=torch.float32),
+        torch.empty_like(key_position, memory_format=torch.contiguous_format) if summed else qkv.new_empty(0),
+    )
 
 
 _tuned_kernels: dict[tuple, object] = {}  # by autotune key (`triton_precompile.autotune_key`)
@@ -209,15 +216,17 @@ def _backward(
     key_position: Tensor | None,
     dwc_weight: Tensor | None,
     key_mask: Tensor | None,
-    *options: float,
-) -> tuple[Tensor, Tensor]:
-    """dL/dqkv and the small gradients; ``options``: the KernelOptions."""
-    launches, grad_qkv, small_grads = triton_launch_backward.backward_plan(
+    *scalars: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dL/dqkv, the small gradients and the positional table's (empty where not summed here); ``scalars``: the
+    KernelOptions, then position_grad."""
+    *options, position_grad = scalars
+    launches, grad_qkv, small_grads, grad_position = triton_launch_backward.backward_plan(
         grad_out, qkv, (partial_s, partial_z, partial_count, token_norms), inverse_temperature, key_position,
-        dwc_weight, _mask_bytes(key_mask), KernelOptions(*options),
+        dwc_weight, _mask_bytes(key_mask), KernelOptions(*options), position_grad=position_grad,
     )  # fmt: skip
     _run(launches)
-    return grad_qkv, small_grads
+    return grad_qkv, small_grads, qkv.new_empty(0) if grad_position is None else grad_position
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -242,13 +251,16 @@ def _backward_from_autograd(ctx, grad_out: Tensor, *_):
             "linear_attention_qkv(prescaled=True) is an inference path (the temperature folded into the projection): "
             "call it with prescaled=False when gradients are needed."
         )
-    grad_qkv, small_grads = _backward(
+    position_grad = key_position is not None and ctx.needs_input_grad[2]
+    grad_qkv, small_grads, summed_position = _backward(
         grad_out.contiguous(), qkv, partial_s, partial_z, partial_count, token_norms, inverse_temperature,
-        key_position, dwc_weight, key_mask, *ctx.options,
+        key_position, dwc_weight, key_mask, *ctx.options, position_grad,
     )  # fmt: skip
     channels, prefix = qkv.shape[-1] // 3, ctx.options.num_prefix_tokens
     grad_position = grad_weight = grad_bias = None
-    if key_position is not None and ctx.needs_input_grad[2]:
+    if position_grad and triton_launch_backward.sums_positions(key_position, ctx.options):
+        grad_position = summed_position  # summed over the batch by the backward's last kernel
+    elif position_grad:
         grad_keys = grad_qkv[:, prefix:, channels : 2 * channels]  # dL/d(k + P) is dL/dk
         if ctx.options.window_h:  # per window token: the keys' gradient in windows, zero on the padding
             grad_keys = _window_keys(grad_keys, ctx.options)

@@ -1,6 +1,8 @@
 """Backward Triton kernels of linear attention on a qkv projection (design: `triton_forward.py`).
 
-Four launches, five for the focused map with head groups (``cross_head_grad_kernel``):
+Four launches, five for the focused map with head groups (``cross_head_grad_kernel``); on a whole map with 16-bit
+inputs the DWC's two take `triton_rows_backward.py`'s streamed kernels (the weight's, and the transposed conv's
+before ``key_value_grad_kernel``, which then reads it):
 
 - ``query_grad_kernel`` (grid batch × chunk × head group): sums the forward's partial states, then per tile of
   queries dL/dq and the chunk's partial dL/dS = Σ φ(q)ᵀ dL/dnum, dL/dz = Σ dL/dden · φ(q) and temperature gradient. A
@@ -19,7 +21,9 @@ Four launches, five for the focused map with head groups (``cross_head_grad_kern
 - ``cross_head_grad_kernel`` (head groups, focused map; grid batch × chunk × group): dq and dk, their values without
   the cross-head term plus the term, and the queries' temperature gradient plus the term's share, each read from one
   buffer and written to another.
-- ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order.
+- ``sum_rows_kernel``: the per-program partials of those small gradients added up in a fixed order, and with a
+  positional table shared by the batch on a whole map its gradient, dk summed over the images (else a torch launch
+  after the op).
 
 Every launch is idempotent: no kernel reads what it writes (no ``tl.store(p, tl.load(p) + x)``, no atomics), so a
 launch run again with the same arguments leaves the same outputs. `triton.autotune` runs each launch of a new shape
@@ -122,8 +126,9 @@ def query_grad_kernel(
 @triton.jit
 def key_value_grad_kernel(
     qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, taps_ptr, do_ptr, dqk_ptr, dqkv_ptr,
-    grads_ptr, cross_ptr,
+    grads_ptr, cross_ptr, conv_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqk_stride_b, dqk_stride_n, dqkv_stride_b, dqkv_stride_n,
+    conv_stride_b,
     pos_stride_b, mask_stride_b, norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
     feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -131,7 +136,7 @@ def key_value_grad_kernel(
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr,
-    SOFTPLUS: tl.constexpr = False,
+    SOFTPLUS: tl.constexpr = False, CONV_GIVEN: tl.constexpr = False,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``). dk goes to
@@ -140,6 +145,8 @@ def key_value_grad_kernel(
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
+    ``CONV_GIVEN``: that conv is read from conv_ptr ((images, N, C), `triton_rows_backward.value_conv_rows_kernel`'s),
+    not gathered here tap by tap, and that kernel writes the bias's partial gradient.
     """
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
@@ -147,6 +154,7 @@ def key_value_grad_kernel(
     k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
     v_base = k_base + H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
+    conv_base = conv_ptr + image.to(tl.int64) * conv_stride_b
     dv_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + 2 * H * D
     # without token norms dk goes to dL/dqkv through its own strides (dqk_ptr is dqkv_ptr there): the row addresses
     # are then shared with dv's (a second stride cost 2.5 warp-instructions per token at 4×32 by the cost figure)
@@ -169,7 +177,7 @@ def key_value_grad_kernel(
     acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)  # summed over the tokens once per program (34 per token less)
     start, stop = tiles.chunk_bounds(t, chunk, N)
     # not pipelined with tensor-core taps, as in the forward's output kernel (336-561 KB of shared memory at 2 stages)
-    STAGES: tl.constexpr = 1 if TENSOR_TAPS else None
+    STAGES: tl.constexpr = 1 if TENSOR_TAPS and not CONV_GIVEN else None
     for row0 in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
@@ -190,7 +198,9 @@ def key_value_grad_kernel(
         # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
         dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi.to(gs_t.dtype), (0, 2, 1)), H_PAD, DOT_PRECISION),
                         (0, 2, 1))  # fmt: skip
-        if HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv, into dv
+        if HAS_DWC and CONV_GIVEN:  # the transposed conv of dL/dout, its share of dL/dv (with the bias's gradient)
+            dv += tiles.load_tile(conv_base, places, ok, H * D, channels)
+        elif HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv, into dv
             dv, own = tiles.depthwise_conv(
                 dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
                 map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, True,
@@ -200,7 +210,8 @@ def key_value_grad_kernel(
         tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
     row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
     _store_row(row, acc_dinv, head0, H, D, H_PAD, D_PAD)
-    if HAS_DWC:  # the bias (D,) gradient, after the temperature's C values and the weight's D·K·K, one per group
+    if HAS_DWC and not CONV_GIVEN:  # the bias (D,) gradient, after the temperature's C values and the weight's
+        # D·K·K, one share per group
         bias_row = row + H * D + D * K * K + tl.program_id(2) * D
         tl.store(bias_row + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0), mask=tl.arange(0, D_PAD) < D)
 
@@ -374,13 +385,52 @@ def cross_head_grad_kernel(
 
 @triton.jit
 def sum_rows_kernel(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_width, query_width, weight_end,
-                    weight_rows, bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr,
-                    SOFTPLUS: tl.constexpr = False):  # fmt: skip
+                    weight_rows, bias_rows, bias_width, dqkv_ptr, position_ptr, images, positions, dqkv_stride_b,
+                    dqkv_stride_n, prefix, BLOCK: tl.constexpr, ROWS: tl.constexpr, BIAS_GROUPS: tl.constexpr,
+                    SOFTPLUS: tl.constexpr = False, C: tl.constexpr = 0, C_PAD: tl.constexpr = 0,
+                    POSITION_TOKENS: tl.constexpr = 0):  # fmt: skip
+    """The backward's last launch: its first cdiv(width, BLOCK) programs add up the small gradients' partials
+    (:func:`_sum_small_grads`); with ``POSITION_TOKENS`` the others the positional table's gradient
+    (:func:`_sum_positions`), which would be a torch launch of its own after the op."""
+    small = tl.cdiv(width, BLOCK)
+    # the constant's test alone: without positions (POSITION_TOKENS 0) their branch must not be compiled at all
+    if POSITION_TOKENS == 0:  # noqa: SIM114
+        _sum_small_grads(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_width, query_width, weight_end,
+                         weight_rows, bias_rows, bias_width, BLOCK, ROWS, BIAS_GROUPS, SOFTPLUS)  # fmt: skip
+    elif tl.program_id(0) < small:
+        _sum_small_grads(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_width, query_width, weight_end,
+                         weight_rows, bias_rows, bias_width, BLOCK, ROWS, BIAS_GROUPS, SOFTPLUS)  # fmt: skip
+    else:
+        _sum_positions(dqkv_ptr, position_ptr, tl.program_id(0) - small, images, positions, dqkv_stride_b,
+                       dqkv_stride_n, prefix, C, C_PAD, POSITION_TOKENS)  # fmt: skip
+
+
+@triton.jit
+def _sum_positions(dqkv_ptr, position_ptr, block, images, positions, dqkv_stride_b, dqkv_stride_n, prefix,
+                   C: tl.constexpr, C_PAD: tl.constexpr, POSITION_TOKENS: tl.constexpr):  # fmt: skip
+    """position[n, c] = Σ_b dk[b, prefix + n, c] for POSITION_TOKENS tokens n from block · POSITION_TOKENS (of
+    ``positions``), in fp32 over the images in order, stored in the table's dtype: the gradient of a positional table
+    shared by the batch (dL/d(k + P) is dL/dk), dk read from columns C … 2C of dL/dqkv."""
+    tokens = (block * POSITION_TOKENS + tl.arange(0, POSITION_TOKENS))[:, None]
+    channels = tl.arange(0, C_PAD)[None, :]
+    ok = (tokens < positions) & (channels < C)
+    grads = dqkv_ptr + (prefix + tokens).to(tl.int64) * dqkv_stride_n + C + channels
+    acc = tl.zeros([POSITION_TOKENS, C_PAD], tl.float32)
+    for _ in tl.range(0, images):
+        acc += tl.load(grads, mask=ok, other=0.0).to(tl.float32)
+        grads += dqkv_stride_b  # a pointer carried from image to image: no 64-bit product
+    tl.store(position_ptr + tokens * C + channels, acc, mask=ok)
+
+
+@triton.jit
+def _sum_small_grads(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_width, query_width, weight_end,
+                     weight_rows, bias_rows, bias_width, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                     BIAS_GROUPS: tl.constexpr, SOFTPLUS: tl.constexpr):  # fmt: skip
     """out[j] = Σ_i keys[i, j] + Σ_i queries[i, j] (j < query_width), ROWS rows at a time in a fixed order; keys:
-    (max(rows, weight_rows), key_width), of whose columns query_width … weight_end (the DWC weight's) the first
-    weight_rows rows are written, of the others the first rows, and whose last BIAS_GROUPS · bias_width columns (the
-    DWC bias's, one share per head group) are added into the bias_width columns of out from weight_end on; queries:
-    (rows, query_width), fp32, contiguous.
+    (max(rows, weight_rows, bias_rows), key_width), of whose columns query_width … weight_end (the DWC weight's) the
+    first weight_rows rows are written, of the last BIAS_GROUPS · bias_width (the DWC bias's, one share per head
+    group, added into the bias_width columns of out from weight_end on) the first bias_rows, of the others the first
+    rows; queries: (rows, query_width), fp32, contiguous.
     ``SOFTPLUS``: the first query_width columns are the gradient of 1 / softplus(s) for the parameter s at
     scale_ptr, and are written as the gradient of s (the chain rule here, not in torch launches after it)."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -389,14 +439,16 @@ def sum_rows_kernel(keys_ptr, queries_ptr, scale_ptr, out_ptr, rows, width, key_
     weight_column = (cols >= query_width) & (cols < weight_end)
     bias_column = (cols >= weight_end) & col_ok
     acc = tl.zeros([ROWS, BLOCK], tl.float32)
-    for row0 in tl.range(0, tl.maximum(rows, weight_rows), ROWS):
+    # the rows each column has: the weight's and the bias's may come from kernels of other grids than the chunks'
+    last_row = tl.where(weight_column, weight_rows, tl.where(bias_column, bias_rows, rows))[None, :]
+    for row0 in tl.range(0, tl.maximum(tl.maximum(rows, weight_rows), bias_rows), ROWS):
         block_rows = (row0 + tl.arange(0, ROWS))[:, None]
         row_ok = block_rows < rows
-        key_ok = col_ok[None, :] & tl.where(weight_column[None, :], block_rows < weight_rows, row_ok)
+        key_ok = col_ok[None, :] & (block_rows < last_row)
         acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :], mask=key_ok, other=0.0)
         for group in tl.static_range(1, BIAS_GROUPS):
             acc += tl.load(keys_ptr + block_rows * key_width + cols[None, :] + group * bias_width,
-                           mask=row_ok & bias_column[None, :], other=0.0)  # fmt: skip
+                           mask=(block_rows < bias_rows) & bias_column[None, :], other=0.0)  # fmt: skip
         acc += tl.load(
             queries_ptr + block_rows * query_width + cols[None, :], mask=row_ok & query_ok[None, :], other=0.0
         )

@@ -27,13 +27,16 @@ __all__ = [
     "KernelOptions",
     "Launch",
     "ROW_TILE",
+    "RowWalk",
     "ROW_WARPS",
     "geometry",
     "head_groups",
     "kernel_sizes",
     "num_chunks",
     "row_bands",
+    "row_halo",
     "row_strip",
+    "row_walk",
 ]
 
 # The autotune space of the tiled kernels: (tokens per tile, warps, pipeline stages). Under Triton's interpreter the
@@ -219,6 +222,12 @@ def row_strip(heads_pad: int) -> int:
     return max(16, ROW_TILE // heads_pad)
 
 
+def row_halo(kernel_size: int) -> int:
+    """HALO of the rows kernels (`triton_rows.conv_row`): the K//2 columns on each side of a strip that its taps
+    reach, 2·(K//2) rounded up to a power of two (a tile's size)."""
+    return triton.next_power_of_2(max(1, kernel_size - 1))
+
+
 def row_bands(
     images: int, map_h: int, map_w: int, groups: int, strip: int, device: torch.device,
     multiprocessors: int | None = None,
@@ -232,6 +241,37 @@ def row_bands(
     bands = max(1, min(map_h, PROGRAMS_PER_SM * multiprocessors // max(images * strips * groups, 1)))
     band_rows = triton.cdiv(map_h, bands)
     return strips, band_rows, triton.cdiv(map_h, band_rows)
+
+
+class RowWalk(NamedTuple):
+    """How a rows kernel (`triton_rows.py`, `triton_rows_backward.py`) walks the maps: per image and group of heads_pad
+    heads, strips of ``strip`` columns, each cut into ``bands`` bands of ``band_rows`` rows."""
+
+    images: int
+    strip: int
+    strips: int
+    band_rows: int
+    bands: int
+    heads_pad: int
+    groups: int  # of heads
+
+    @property
+    def strip_bands(self) -> int:
+        """Its (strip, band) pieces over the images: the programs of one head group (and one tap, for the weight's)."""
+        return self.images * self.strips * self.bands
+
+
+def row_walk(
+    images: int, map_h: int, map_w: int, num_heads: int, heads_pad: int, device: torch.device,
+    multiprocessors: int | None = None, filling_groups: int | None = None,
+) -> RowWalk:  # fmt: skip
+    """The walk of a rows kernel holding ``heads_pad`` heads a program: :func:`row_strip` and :func:`row_bands`, the
+    bands sized for its head groups' programs to fill the resident ones (``filling_groups``: count that many
+    instead; the weight gradient's kernel counts 1)."""
+    strip, groups = row_strip(heads_pad), triton.cdiv(num_heads, heads_pad)
+    filling = groups if filling_groups is None else filling_groups
+    strips, band_rows, bands = row_bands(images, map_h, map_w, filling, strip, device, multiprocessors)
+    return RowWalk(images, strip, strips, band_rows, bands, heads_pad, groups)
 
 
 def tile_trips(tokens: int, chunk: int, chunks: int) -> Callable[[int], float]:

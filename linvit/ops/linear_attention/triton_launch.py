@@ -25,8 +25,8 @@ from linvit.ops.linear_attention.triton_geometry import (
     head_groups,
     kernel_sizes,
     num_chunks,
-    row_bands,
-    row_strip,
+    row_halo,
+    row_walk,
     tile_trips,
 )
 from linvit.ops.linear_attention.triton_taps import (
@@ -115,6 +115,7 @@ def forward_plan(
              "SOFTPLUS": bool(options.temperature_scale)}  # fmt: skip
     trips = tile_trips(tokens, chunk, chunks)
     norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value}
+    rows = streams_rows(dwc_weight, walked, num_prefix_tokens, dwc)
     state = Launch(
         "state",
         triton_forward.state_kernel,
@@ -135,15 +136,23 @@ def forward_plan(
             "prefix": num_prefix_tokens,
             "feature_eps": feature_eps,
         },
-        {**sizes, **flags, "HAS_POS": key_position is not None, **dwc, "ROWS_FIRST": triton_taps.ROWS_FIRST},
+        # the rows kernel reads the weight itself: no taps to copy
+        {
+            **sizes,
+            **flags,
+            "HAS_POS": key_position is not None,
+            **dwc,
+            "HAS_DWC": dwc["HAS_DWC"] and not rows,
+            "ROWS_FIRST": triton_taps.ROWS_FIRST,
+        },  # fmt: skip
         lambda block: (trips(block),),
     )
     output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
-    if streams_rows(dwc_weight, walked, num_prefix_tokens, dwc):
-        state.constants["HAS_DWC"] = False  # the rows kernel reads the weight itself: no taps to copy
+    if rows:
         partials = (partial_s, partial_z, partial_count)
         output = _output_rows(qkv, inverse_temperature, mask, partials, norms_args, dwc_weight, dwc_bias, out,
-                              {**output_sizes, **flags}, chunks, multiprocessors, options)  # fmt: skip
+                              {**output_sizes, **flags, "TAP_DTYPE": dwc["TAP_DTYPE"]}, chunks, multiprocessors,
+                              options)  # fmt: skip
     else:
         output = Launch(
             "output",
@@ -205,19 +214,17 @@ def _output_rows(
     multiprocessors: int | None,
     options: KernelOptions,
 ) -> Launch:
-    """The launch of `triton_rows.output_rows_kernel`: strips (`triton_geometry.row_strip`) in bands of rows
-    (`triton_geometry.row_bands`), the state kernel's ``chunks`` partial states per image."""
+    """The launch of `triton_rows.output_rows_kernel`: strips in bands of rows (`triton_geometry.row_walk`), the state
+    kernel's ``chunks`` partial states per image; ``constants``: the sizes and flags, with the taps' TAP_DTYPE."""
     images, map_h, map_w = qkv.shape[0], options.grid_h, options.grid_w
-    groups = triton.cdiv(constants["H"], constants["H_PAD"])
-    strip = row_strip(constants["H_PAD"])
-    strips, band_rows, bands = row_bands(images, map_h, map_w, groups, strip, qkv.device, multiprocessors)
+    walk = row_walk(images, map_h, map_w, constants["H"], constants["H_PAD"], qkv.device, multiprocessors)
     partial_s, partial_z, partial_count = partials
     constants = {key: value for key, value in constants.items() if key not in ("WINDOW_H", "WINDOW_W")}
     kernel_size = dwc_weight.shape[-1]
     return Launch(
         "output_rows",
         triton_rows.output_rows_kernel,
-        (images, strips * bands, groups),
+        (images, walk.strips * walk.bands, walk.groups),
         {
             "qkv_ptr": qkv,
             **norms_args,
@@ -235,8 +242,8 @@ def _output_rows(
             "out_stride_n": out.stride(1),
             "mask_stride_b": qkv.shape[1],
             "chunks": chunks,
-            "strips": strips,
-            "band_rows": band_rows,
+            "strips": walk.strips,
+            "band_rows": walk.band_rows,
             "map_h": map_h,
             "map_w": map_w,
             "eps": options.eps,
@@ -244,12 +251,13 @@ def _output_rows(
         },
         {
             **constants,
-            "STRIP": strip,
+            "STRIP": walk.strip,
             "K": kernel_size,
+            # each row read once with its halo, except beside the head groups' norms (its gathers spill there)
+            "HALO": 0 if constants["TOKEN_NORMS"] else row_halo(kernel_size),
             "HAS_BIAS": dwc_bias is not None,
-            "TAP_DTYPE": tap_products(qkv.dtype, constants["D_PAD"])["TAP_DTYPE"],
         },  # fmt: skip
-        lambda block: (chunks, band_rows + kernel_size - 1),
+        lambda block: (chunks, walk.band_rows + kernel_size - 1),
         tuned=False,
         num_warps=ROW_WARPS,
     )

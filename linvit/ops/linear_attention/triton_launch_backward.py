@@ -14,12 +14,13 @@ from linvit.ops.linear_attention.triton_geometry import (
     ROW_WARPS,
     KernelOptions,
     Launch,
+    RowWalk,
     geometry,
     head_groups,
     kernel_sizes,
     num_chunks,
-    row_bands,
-    row_strip,
+    row_halo,
+    row_walk,
     tile_trips,
     weight_items_per_program,
     weight_taps_per_program,
@@ -33,10 +34,11 @@ from linvit.ops.linear_attention.triton_taps import (
     transposed_tap_products,
 )
 
-__all__ = ["backward_plan"]
+__all__ = ["backward_plan", "sums_positions"]
 
 SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
 SUM_ROWS = 8  # rows it adds per step
+POSITION_ELEMENTS = 4096  # a program's tile of the positional table's gradient: 32 tokens at C = 128
 WEIGHT_ROW_HEADS = 4  # heads a program of the streamed DWC weight gradient holds (8 spilled: 6×32 by the cost figure)
 
 
@@ -50,9 +52,11 @@ def backward_plan(
     mask: Tensor | None,
     options: KernelOptions,
     multiprocessors: int | None = None,
-) -> tuple[list[Launch], Tensor, Tensor]:
-    """The backward's launches, dL/dqkv, and the small gradients as one fp32 vector: the inverse temperature (C),
-    then the DWC weight (d·k·k) and bias (d) when there is a DWC."""
+    position_grad: bool = False,
+) -> tuple[list[Launch], Tensor, Tensor, Tensor | None]:
+    """The backward's launches, dL/dqkv, the small gradients as one fp32 vector (the inverse temperature (C), then
+    the DWC weight (d·k·k) and bias (d) when there is a DWC) and, where ``position_grad`` asks for it and
+    :func:`sums_positions`, the positional table's gradient (its shape and dtype; None elsewhere)."""
     num_heads, feature_map, focusing_factor = options.num_heads, options.feature_map, options.focusing_factor
     num_prefix_tokens, eps, feature_eps = options.num_prefix_tokens, options.eps, options.feature_eps
     partial_s, partial_z, partial_count, norms = partials
@@ -84,10 +88,16 @@ def backward_plan(
     query_grads = torch.empty(batch * chunks, channels, **floats)
     # the queries' temperature partials with the cross-head term's share (cross_head_grad's rows; sum_rows adds them)
     cross_grads = torch.empty_like(query_grads) if token_norms else query_grads
-    # rows of partials: one per chunk (the key kernel's), and the weight kernel's, as many as its programs
+    # rows of partials: one per chunk (the key kernel's temperature and, on the tiled path, bias columns), and where
+    # the map is streamed in rows the weight kernel's and the transposed conv's (bias), as many as their programs
     streamed = _weight_strips(qkv, dwc_weight, options, multiprocessors)
-    weight_rows = 0 if streamed is None else streamed[0] * streamed[2] * streamed[4] * streamed[5]
-    key_grads = torch.empty(max(batch * chunks, weight_rows), key_width, **floats)
+    weight_rows = 0 if streamed is None else streamed.strip_bands * streamed.groups
+    conv_walk = None
+    if streamed is not None:  # the transposed conv's walk: the forward output's
+        conv_walk = row_walk(images, options.grid_h, options.grid_w, num_heads, sizes["H_PAD"], qkv.device,
+                             multiprocessors)  # fmt: skip
+    bias_rows = batch * chunks if conv_walk is None else conv_walk.strip_bands
+    key_grads = torch.empty(max(batch * chunks, weight_rows, bias_rows), key_width, **floats)
     small_grads = torch.empty(width, **floats)
     inv = optional_tensor(inverse_temperature, qkv)
     dwc = {**dwc_constants(dwc_weight), **transposed_tap_products(qkv.dtype, sizes["H_PAD"], sizes["D_PAD"])}
@@ -101,6 +111,10 @@ def backward_plan(
         "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value,
         "cross_stride_b": map_tokens * 2 * groups,
     }
+    # where the map is streamed in rows, the transposed DWC of dL/dout comes from a rows kernel (key_value_grad adds it)
+    value_conv, conv = None, None
+    if conv_walk is not None:
+        value_conv, conv = _value_conv(grad_out, dwc_weight, key_grads, key_width, sizes, conv_walk, options)
     out_grad_args = {"do_ptr": grad_out, "do_stride_b": grad_out.stride(0), "do_stride_n": grad_out.stride(1)}
     grad_args = {"dqkv_ptr": grad_qkv, "dqkv_stride_b": grad_qkv.stride(0), "dqkv_stride_n": grad_qkv.stride(1)}
     dqk_args = {"dqk_ptr": dqk, "dqk_stride_b": dqk.stride(0), "dqk_stride_n": dqk.stride(1)}
@@ -141,6 +155,8 @@ def backward_plan(
             "pos_ptr": optional_tensor(key_position, qkv),
             "inv_ptr": inv,
             "mask_ptr": optional_tensor(mask, qkv),
+            "conv_ptr": optional_tensor(conv, qkv),
+            "conv_stride_b": 0 if conv is None else conv.stride(0),
             "ds_ptr": partial_ds,
             "dz_ptr": partial_dz,
             "count_ptr": partial_count,
@@ -159,6 +175,7 @@ def backward_plan(
             **bf16_pairs(grad_out, head_dim, dwc, walked.windowed),
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
+            "CONV_GIVEN": conv is not None,
         },
         lambda block: (chunks, trips(block)),
     )
@@ -195,10 +212,18 @@ def backward_plan(
     else:
         weight, weight_programs = _tiled_weight_grad(qkv, grad_out, mask, key_grads, key_width, options, chunk, walked,
                                                      sizes, trips, items, kernel_size, multiprocessors)  # fmt: skip
+    grad_position = None
+    if position_grad and sums_positions(key_position, options):  # contiguous: the kernel writes token-major rows
+        grad_position = torch.empty_like(key_position, memory_format=torch.contiguous_format)
+    small_programs, positions = triton.cdiv(width, SUM_BLOCK), 0 if grad_position is None else grad_position.shape[1]
+    position_tokens = max(1, POSITION_ELEMENTS // triton.next_power_of_2(channels)) if positions else 0
+    position_programs = triton.cdiv(positions, position_tokens) if positions else 0
+    sum_programs = small_programs + position_programs
+    sum_trips = triton.cdiv(max(batch * chunks, weight_programs, bias_rows), SUM_ROWS) * small_programs / sum_programs
     total = Launch(
         "sum_grads",
         triton_backward.sum_rows_kernel,
-        (triton.cdiv(width, SUM_BLOCK),),
+        (sum_programs,),
         {
             "keys_ptr": key_grads,
             "queries_ptr": cross_grads,
@@ -210,15 +235,80 @@ def backward_plan(
             "query_width": channels,
             "weight_end": weight_end,
             "weight_rows": weight_programs,
+            "bias_rows": bias_rows,
             "bias_width": head_dim,
+            "dqkv_ptr": grad_qkv,
+            "position_ptr": small_grads if grad_position is None else grad_position,
+            "images": images,
+            "positions": positions,
+            "dqkv_stride_b": grad_qkv.stride(0),
+            "dqkv_stride_n": grad_qkv.stride(1),
+            "prefix": num_prefix_tokens,
         },
-        {"BLOCK": SUM_BLOCK, "ROWS": SUM_ROWS, "BIAS_GROUPS": groups if dwc_weight is not None else 1, **softplus},
-        lambda block: (triton.cdiv(batch * chunks, SUM_ROWS),),
+        {
+            "BLOCK": SUM_BLOCK,
+            "ROWS": SUM_ROWS,
+            "BIAS_GROUPS": groups if dwc_weight is not None else 1,
+            **softplus,
+            "C": channels,
+            "C_PAD": triton.next_power_of_2(channels),
+            "POSITION_TOKENS": position_tokens,
+        },
+        # mean trips a program: the small gradients' rows in their programs, the images in the positions'
+        lambda block: (sum_trips, images * position_programs / sum_programs) if positions else (sum_trips,),
         tuned=False,
         num_warps=4,
     )
-    launches = [query, key_value] + ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
-    return launches + [total], grad_qkv, small_grads
+    launches = [query] + ([] if value_conv is None else [value_conv]) + [key_value]
+    launches += ([cross_head] if token_norms else []) + ([weight] if dwc_weight is not None else [])
+    return launches + [total], grad_qkv, small_grads, grad_position
+
+
+def sums_positions(key_position: Tensor | None, options: KernelOptions) -> bool:
+    """Whether the backward's last kernel sums the positional table's gradient over the batch (`triton_backward.
+    _sum_positions`): a table shared by the batch, on a whole map (in windows the keys' gradient is first laid out per
+    window token, a torch computation)."""
+    return key_position is not None and key_position.shape[0] == 1 and not options.window_h
+
+
+def _value_conv(
+    grad_out: Tensor, dwc_weight: Tensor, key_grads: Tensor, key_width: int, sizes: dict, walk: RowWalk,
+    options: KernelOptions,
+) -> tuple[Launch, Tensor]:  # fmt: skip
+    """`triton_rows_backward.value_conv_rows_kernel`'s launch (strips in bands, ``walk``) and the transposed conv it
+    writes, (images, H·W, C) in dL/dout's dtype; the bias's partials go to its program's row of key_grads."""
+    images, map_h, map_w = grad_out.shape[0], options.grid_h, options.grid_w
+    conv = torch.empty(images, map_h * map_w, grad_out.shape[-1], dtype=grad_out.dtype, device=grad_out.device)
+    kernel_size = dwc_weight.shape[-1]
+    launch = Launch(
+        "value_conv_rows",
+        triton_rows_backward.value_conv_rows_kernel,
+        (images, walk.strips * walk.bands, walk.groups),
+        {
+            "do_ptr": grad_out,
+            "w_ptr": dwc_weight,
+            "conv_ptr": conv,
+            "grads_ptr": key_grads,
+            "do_stride_b": grad_out.stride(0),
+            "do_stride_n": grad_out.stride(1),
+            "grads_width": key_width,
+            "strips": walk.strips,
+            "band_rows": walk.band_rows,
+            "map_h": map_h,
+            "map_w": map_w,
+        },
+        {
+            **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
+            "STRIP": walk.strip,
+            "K": kernel_size,
+            "HALO": row_halo(kernel_size),
+            "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
+        },
+        lambda block: (walk.band_rows + kernel_size - 1,),
+        tuned=False,
+        num_warps=ROW_WARPS,
+    )
+    return launch, conv
 
 
 def _tiled_weight_grad(
@@ -273,38 +363,32 @@ def _tiled_weight_grad(
 
 def _weight_strips(
     qkv: Tensor, dwc_weight: Tensor | None, options: KernelOptions, multiprocessors: int | None
-) -> tuple[int, int, int, int, int, int] | None:
-    """(images, strip, strips, band_rows, bands, head groups) of `triton_rows_backward.dwc_weight_rows_kernel`
-    (`triton_geometry.row_strip` and `row_bands`; up to WEIGHT_ROW_HEADS heads a program) where the forward streams
-    its rows too (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to
-    32); None elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in
-    fp32)."""
+) -> RowWalk | None:
+    """The walk of `triton_rows_backward.dwc_weight_rows_kernel` (up to WEIGHT_ROW_HEADS heads a program, its bands
+    sized as if it had one head group and one tap) where the forward streams its rows too
+    (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to 32); None
+    elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in fp32)."""
     head_dim_pad = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)["D_PAD"]
     whole_map = geometry(qkv.shape[0], qkv.shape[1], options)
     if not streams_rows(dwc_weight, whole_map, options.num_prefix_tokens, tap_products(qkv.dtype, head_dim_pad)):
         return None
-    images, heads_pad = qkv.shape[0], min(WEIGHT_ROW_HEADS, triton.next_power_of_2(options.num_heads))
-    strip, groups = row_strip(heads_pad), triton.cdiv(options.num_heads, heads_pad)
-    strips, band_rows, bands = row_bands(images, options.grid_h, options.grid_w, 1, strip, qkv.device, multiprocessors)
-    return images, strip, strips, band_rows, bands, groups
+    heads_pad = min(WEIGHT_ROW_HEADS, triton.next_power_of_2(options.num_heads))
+    return row_walk(qkv.shape[0], options.grid_h, options.grid_w, options.num_heads, heads_pad, qkv.device,
+                    multiprocessors, filling_groups=1)  # fmt: skip
 
 
 def _streamed_weight_grad(
     qkv: Tensor, grad_out: Tensor, mask: Tensor | None, key_grads: Tensor, key_width: int, options: KernelOptions,
-    dwc_kernel_size: int, strips_and_bands: tuple[int, int, int, int, int, int],
+    dwc_kernel_size: int, walk: RowWalk,
 ) -> tuple[Launch, int]:  # fmt: skip
-    """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, :func:`_weight_strips`, one program per
-    horizontal tap) and the rows of partials it writes."""
-    images, strip, strips, band_rows, bands, groups = strips_and_bands
-    map_h, map_w = options.grid_h, options.grid_w
+    """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, ``walk``: :func:`_weight_strips`, one
+    program per horizontal tap) and the rows of partials it writes, one per strip, band, image and head group."""
     sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
-    heads_pad = min(WEIGHT_ROW_HEADS, triton.next_power_of_2(options.num_heads))
-    programs = images * strips * bands
     kernel_size = dwc_kernel_size
     launch = Launch(
         "dwc_weight_rows",
         triton_rows_backward.dwc_weight_rows_kernel,
-        (programs, kernel_size, groups),
+        (walk.strip_bands, kernel_size, walk.groups),
         {
             "qkv_ptr": qkv,
             "mask_ptr": optional_tensor(mask, qkv),
@@ -316,25 +400,25 @@ def _streamed_weight_grad(
             "do_stride_n": grad_out.stride(1),
             "mask_stride_b": qkv.shape[1],
             "grads_width": key_width,
-            "strips": strips,
-            "bands": bands,
-            "band_rows": band_rows,
-            "map_h": map_h,
-            "map_w": map_w,
+            "strips": walk.strips,
+            "bands": walk.bands,
+            "band_rows": walk.band_rows,
+            "map_h": options.grid_h,
+            "map_w": options.grid_w,
         },
         {
             "H": options.num_heads,
             "D": sizes["D"],
-            "H_PAD": heads_pad,
+            "H_PAD": walk.heads_pad,
             "D_PAD": sizes["D_PAD"],
-            "STRIP": strip,
+            "STRIP": walk.strip,
             "K": kernel_size,
             "HAS_MASK": mask is not None,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
             "DOT_PRECISION": sizes["DOT_PRECISION"],
         },
-        lambda block: (band_rows + kernel_size - 1,),
+        lambda block: (walk.band_rows + kernel_size - 1,),
         tuned=False,
         num_warps=ROW_WARPS,
     )
-    return launch, programs * groups
+    return launch, walk.strip_bands * walk.groups

@@ -1,14 +1,17 @@
 """The forward's output kernel for a whole map (no windows, no class tokens): the depthwise conv (DWC) of v streamed
-down strips of the map, so that each value is read K times (once per horizontal tap) instead of K² times.
+down strips of the map, so that each value is read about once (its strip's row and a halo of K - 1 columns) instead
+of K² times.
 
 `triton_forward.output_kernel` gathers each of the K² taps of a tile of tokens from global memory: 25 reads of every
 value at 5×5, 6.4 KB per token at C = 128, most of the forward's bytes (by the cost figure 8.8 KB per token and
 0.96 ms of the forward's 1.08 at the benchmark shape). Here a program owns a strip of STRIP columns and a band of
-rows of one image and walks the band row by row. Each input row is loaded K times, shifted by each horizontal tap,
-and each load is multiplied into the K output rows it touches: a ring of K fp32 accumulators, one per output row in
-flight (rows j - K//2 … j + K//2 while input row j is read). After row j the oldest is complete and is written out
-with the attention of its tokens, φ(q)·S / (φ(q)·z + eps). The band's first K - 1 rows only fill the ring (their
-outputs belong to the band above), so a band of r rows reads r + K - 1.
+rows of one image and walks the band row by row. Each input row is loaded once with K//2 columns on each side and
+shifted within the program for each horizontal tap (gathers; read again per tap it cost 5× its bytes, 1,280 of the
+kernel's 2,128 B a token at the benchmark shape, 1,138 now; with the focused map's head groups, where the gathers
+spill, it is still read per tap), and each shift is multiplied into the K output rows it touches: a ring of K fp32
+accumulators, one per output row in flight (rows j - K//2 … j + K//2 while input row j is read). After row j the
+oldest is complete and is written out with the attention of its tokens, φ(q)·S / (φ(q)·z + eps). The band's first
+K - 1 rows only fill the ring (their outputs belong to the band above), so a band of r rows reads r + K - 1.
 
 The taps multiply on the tensor cores, as `triton_tiles.depthwise_conv`'s do for 16-bit inputs of head dims up to
 32 (`triton_taps.tap_products`; the plan takes this kernel only then): the conv's tile (every head's STRIP tokens as
@@ -25,7 +28,106 @@ import triton.language as tl
 from linvit.ops.linear_attention import triton_feature_maps as maps
 from linvit.ops.linear_attention import triton_tiles as tiles
 
-__all__ = ["output_rows_kernel"]
+__all__ = ["conv_row", "empty_ring", "output_rows_kernel", "tap_matrices"]
+
+
+@triton.jit
+def tap_matrices(w_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr, TAP_DTYPE: tl.constexpr,
+                 FLIPPED: tl.constexpr):  # fmt: skip
+    """The taps' diagonal weight matrices as :func:`conv_row` multiplies them, built once a program (they stay in
+    shared memory for the band): for each dx the pairs of taps (K-1-k, K-2-k) of even k, interleaved (column 2d + i:
+    tap K-1-k-i), then tap (0, dx) alone. A product per pair halves the products and the shared-memory operands (25
+    distinct ones spilled: each holds a descriptor). ``FLIPPED``: tap (dy, dx) is the weight's (K-1-dy, K-1-dx), the
+    transposed conv's."""
+    lanes = tl.arange(0, D_PAD)[None, :]
+    diagonal = tl.arange(0, D_PAD)[:, None] == lanes
+    pairs = ()
+    taps = ()
+    for dx in tl.static_range(K):
+        for k in tl.static_range(0, K - 1, 2):
+            upper = tl.load(w_ptr + lanes * (K * K) + _tap(K - 1 - k, dx, K, FLIPPED), mask=lanes < D, other=0.0)
+            lower = tl.load(w_ptr + lanes * (K * K) + _tap(K - 2 - k, dx, K, FLIPPED), mask=lanes < D, other=0.0)
+            pair = tl.join(tl.where(diagonal, upper, 0.0), tl.where(diagonal, lower, 0.0))
+            pairs = pairs + (tl.reshape(pair, (D_PAD, 2 * D_PAD)).to(TAP_DTYPE),)
+        top_tap = tl.load(w_ptr + lanes * (K * K) + _tap(0, dx, K, FLIPPED), mask=lanes < D, other=0.0)
+        taps = taps + (tl.where(diagonal, top_tap, 0.0).to(TAP_DTYPE),)
+    return pairs, taps
+
+
+@triton.jit
+def _tap(dy: tl.constexpr, dx: tl.constexpr, K: tl.constexpr, FLIPPED: tl.constexpr):
+    """The weight's index of tap (dy, dx): its own, or the one opposite (the transposed conv's)."""
+    if FLIPPED:
+        return (K - 1 - dy) * K + (K - 1 - dx)
+    return dy * K + dx
+
+
+@triton.jit
+def empty_ring(H_PAD: tl.constexpr, STRIP: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr):
+    """The K - 1 output rows in flight before a band's first input row: zero convs, (H_PAD·STRIP, D_PAD) each."""
+    zero = tl.zeros([H_PAD * STRIP, D_PAD], tl.float32)
+    ring = ()
+    for _ in tl.static_range(K - 1):
+        ring = ring + (zero,)
+    return ring
+
+
+@triton.jit
+def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w,
+             H_PAD: tl.constexpr, STRIP: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr,
+             HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
+    """Input row j of the strip of STRIP columns from ``first`` multiplied into the K output rows it touches:
+    ``ring`` holds the convs of output rows j - K//2 … j + K//2 - 1 so far; returns those of rows
+    j - K//2 … j + K//2, the first complete, and the row's own values (FLAT, D_PAD) (the centre tap's). Each horizontal
+    tap dx takes the row shifted by dx - K//2 (zero outside the map and at masked tokens) and multiplies it with the
+    pairs of vertical taps (:func:`tap_matrices`), every head's STRIP tokens as the rows of one matrix.
+
+    With a ``HALO`` (2·(K//2) rounded up to a power of two) the row is read once, its strip and the K//2 columns on
+    each side, and shifted within the program (gathers): reading it again per tap cost 5× the row's bytes, 1,280 of
+    the output kernel's 2,128 B a token at the benchmark shape. ``HALO`` 0: read per tap (where the gathers'
+    registers spill: the output kernel with the focused map's head groups, 16 B at 6×32)."""
+    R: tl.constexpr = K // 2
+    FLAT: tl.constexpr = H_PAD * STRIP
+    sums = ring + (tl.zeros([FLAT, D_PAD], tl.float32),)
+    inside = (j >= 0) & (j < map_h)
+    columns = first + tl.arange(0, STRIP)
+    row = base + (j * map_w + columns)[None, :, None] * stride_n + channels
+    if HALO > 0:
+        strip_ok = tiles.unmasked(inside & (columns < map_w), mask_base, j * map_w + columns, HAS_MASK)
+        strip = tl.load(row, mask=strip_ok[None, :, None] & channel_ok, other=0.0)
+        # the halo: columns first - R … first - 1, then first + STRIP … first + STRIP + R - 1
+        sides = tl.arange(0, HALO)
+        halo_columns = tl.where(sides < R, first - R + sides, first + STRIP + sides - R)
+        halo_ok = inside & (halo_columns.to(tl.uint32) < map_w.to(tl.uint32)) & (sides < 2 * R)  # below 0 wraps
+        halo_ok = tiles.unmasked(halo_ok, mask_base, j * map_w + halo_columns, HAS_MASK)
+        halo = tl.load(base + (j * map_w + halo_columns)[None, :, None] * stride_n + channels,
+                       mask=halo_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+    for dx in tl.static_range(K):
+        if HALO == 0:  # a scalar offset from the row's own addresses: per-tap address tiles would hold registers
+            shifted_columns = columns + (dx - R)
+            shifted_ok = inside & (shifted_columns.to(tl.uint32) < map_w.to(tl.uint32))  # below 0 wraps
+            shifted_ok = tiles.unmasked(shifted_ok, mask_base, j * map_w + shifted_columns, HAS_MASK)
+            shifted = tl.load(row + (dx - R) * stride_n, mask=shifted_ok[None, :, None] & channel_ok, other=0.0)
+        elif dx == R:
+            shifted = strip
+        else:  # the strip's column each token takes, outside it the halo's
+            source = tl.broadcast_to(tl.arange(0, STRIP)[None, :, None] + (dx - R), (H_PAD, STRIP, D_PAD))
+            from_strip = tl.gather(strip, tl.minimum(tl.maximum(source, 0), STRIP - 1), 1)
+            side = tl.where(source < 0, source + R, source - STRIP + R)
+            from_halo = tl.gather(halo, tl.minimum(tl.maximum(side, 0), HALO - 1), 1)
+            shifted = tl.where((source >= 0) & (source < STRIP), from_strip, from_halo)
+        values = tl.reshape(shifted, (FLAT, D_PAD))
+        if dx == R:
+            centre = values
+        added = ()
+        for k in tl.static_range(0, K - 1, 2):  # two output rows per product: a pair of taps' diagonals
+            both = tl.reshape(tl.join(sums[k], sums[k + 1]), (FLAT, 2 * D_PAD))
+            both = tl.dot(values.to(TAP_DTYPE), pairs[dx * (K // 2) + k // 2], both)
+            earlier, later = tl.split(tl.reshape(both, (FLAT, D_PAD, 2)))
+            added = added + (earlier, later)
+        added = added + (tl.dot(values.to(TAP_DTYPE), taps[dx], sums[K - 1]),)
+        sums = added
+    return sums, centre
 
 
 @triton.jit
@@ -34,7 +136,8 @@ def output_rows_kernel(
     stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, norms_stride_b, chunks, strips, band_rows, map_h,
     map_w, eps, feature_eps,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKEN_NORMS: tl.constexpr, TAP_DTYPE: tl.constexpr,
     SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
@@ -54,52 +157,17 @@ def output_rows_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + b.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    # the taps' diagonal matrices, built once and kept in shared memory for the band: for each dx the pairs of taps
-    # (K-1-k, K-2-k) of even k, interleaved (column 2d + i: tap K-1-k-i), then tap (0, dx) alone. A product per pair
-    # halves the products and the shared-memory operands (25 distinct ones spilled: each holds a descriptor)
-    lanes = tl.arange(0, D_PAD)[None, :]
-    diagonal = tl.arange(0, D_PAD)[:, None] == lanes
-    pairs = ()
-    taps = ()
-    for dx in tl.static_range(K):
-        for k in tl.static_range(0, K - 1, 2):
-            upper = tl.load(w_ptr + lanes * (K * K) + (K - 1 - k) * K + dx, mask=lanes < D, other=0.0)
-            lower = tl.load(w_ptr + lanes * (K * K) + (K - 2 - k) * K + dx, mask=lanes < D, other=0.0)
-            pair = tl.join(tl.where(diagonal, upper, 0.0), tl.where(diagonal, lower, 0.0))
-            pairs = pairs + (tl.reshape(pair, (D_PAD, 2 * D_PAD)).to(TAP_DTYPE),)
-        top_tap = tl.load(w_ptr + lanes * (K * K) + dx, mask=lanes < D, other=0.0)
-        taps = taps + (tl.where(diagonal, top_tap, 0.0).to(TAP_DTYPE),)
+    pairs, taps = tap_matrices(w_ptr, D, D_PAD, K, TAP_DTYPE, False)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
     columns = strip * STRIP + tl.arange(0, STRIP)
     column_ok = columns < map_w
     R: tl.constexpr = K // 2
-    FLAT: tl.constexpr = H_PAD * STRIP  # the conv's tiles: every head's STRIP tokens as the rows of one matrix
-    zero = tl.zeros([FLAT, D_PAD], tl.float32)
-    ring = ()  # the convs of output rows j - R … j + R - 1 so far, while input row j is read
-    for _ in tl.static_range(K - 1):
-        ring = ring + (zero,)
+    ring = empty_ring(H_PAD, STRIP, D_PAD, K)
     for j in tl.range(top - R, bottom + R):
-        # input row j, read once per horizontal tap dx, into each output row j - R + k it touches (tap dy = K-1-k)
-        sums = ring + (zero,)
-        inside = (j >= 0) & (j < map_h)
-        row_values = v_base + (j * map_w + columns)[None, :, None] * stride_n + channels
-        for dx in tl.static_range(K):
-            # a scalar offset from the row's own addresses: per-tap address tiles would each hold registers
-            x_columns = columns + (dx - R)
-            x_ok = inside & (x_columns.to(tl.uint32) < map_w.to(tl.uint32))  # below 0 wraps above the width
-            x_ok = tiles.unmasked(x_ok, mask_base, j * map_w + x_columns, HAS_MASK)
-            values = tl.load(row_values + (dx - R) * stride_n, mask=x_ok[None, :, None] & channel_ok, other=0.0)
-            values = tl.reshape(values, (FLAT, D_PAD))
-            added = ()
-            for k in tl.static_range(0, K - 1, 2):  # two output rows per product: a pair of taps' diagonals
-                both = tl.reshape(tl.join(sums[k], sums[k + 1]), (FLAT, 2 * D_PAD))
-                both = tl.dot(values.to(TAP_DTYPE), pairs[dx * (K // 2) + k // 2], both)
-                earlier, later = tl.split(tl.reshape(both, (FLAT, D_PAD, 2)))
-                added = added + (earlier, later)
-            added = added + (tl.dot(values.to(TAP_DTYPE), taps[dx], sums[K - 1]),)
-            sums = added
+        sums, _ = conv_row(ring, pairs, taps, v_base, mask_base, j, strip * STRIP, channels, channel_ok, stride_n,
+                           map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO, HAS_MASK, TAP_DTYPE)  # fmt: skip
         # output row j - R is complete: its attention, plus its conv
         row = j - R
         places = row * map_w + columns
@@ -113,6 +181,4 @@ def output_rows_kernel(
         den = tl.sum(phi * z[:, None, :], axis=2) + eps
         out = num * (1.0 / den)[:, :, None] + bias + tl.reshape(sums[0], (H_PAD, STRIP, D_PAD))
         tl.store(out_base + places[None, :, None] * out_stride_n + channels, out, mask=ok)
-        ring = ()
-        for k in tl.static_range(1, K):
-            ring = ring + (sums[k],)
+        ring = sums[1:]

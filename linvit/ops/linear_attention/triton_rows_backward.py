@@ -1,15 +1,21 @@
-"""The DWC weight's gradient on a whole map (no windows, no class tokens), streamed down strips of the map: each value
-of v and of dL/dout read once per program, one program per horizontal tap, instead of once per tap.
+"""The backward's kernels on a whole map (no windows, no class tokens), streamed down strips of the map as the
+forward's output is (`triton_rows.py`): each value of v and of dL/dout read once per horizontal tap (the weight's
+gradient) or about once (the transposed conv), not once per tap.
 
-dL/dw[dy, dx] = Σ over tokens o of v[o + (dy, dx) - K//2] · dL/dout[o], per channel and summed over the heads (the
-DWC's weight is shared by them). `triton_backward.dwc_weight_grad_kernel` reads v once per group of up to three taps
-and dL/dout once per tap (9.2 KB per token at the benchmark shape). Here a program owns a strip of columns, a band of
-rows, one horizontal tap dx and a group of up to four heads (more spilled), and walks the band row by row: v's row j
-shifted by dx is read once and multiplied with the K rows of dL/dout it meets (j - K//2 … j + K//2, a ring of K
-tiles: the newest loaded each row, the oldest dropped), one tensor-core product per vertical tap,
-(D, H_PAD·STRIP) @ (H_PAD·STRIP, D) over the group's tokens at once, whose diagonal is the tap's gradient and is
-taken once per program. The band's first K - 1 rows only fill the ring. A program writes its K taps' partial sums
-to its row of the plan's partials, as the tiled kernel does.
+``dwc_weight_rows_kernel``: dL/dw[dy, dx] = Σ over tokens o of v[o + (dy, dx) - K//2] · dL/dout[o], per channel and
+summed over the heads (the DWC's weight is shared by them). `triton_backward.dwc_weight_grad_kernel` reads v once per
+group of up to three taps and dL/dout once per tap (9.2 KB per token at the benchmark shape). Here a program owns a
+strip of columns, a band of rows, one horizontal tap dx and a group of up to four heads (more spilled), and walks the
+band row by row: v's row j shifted by dx is read once and multiplied with the K rows of dL/dout it meets
+(j - K//2 … j + K//2, a ring of K tiles: the newest loaded each row, the oldest dropped), one tensor-core product per
+vertical tap, (D, H_PAD·STRIP) @ (H_PAD·STRIP, D) over the group's tokens at once, whose diagonal is the tap's
+gradient and is taken once per program. The band's first K - 1 rows only fill the ring. A program writes its K taps'
+partial sums to its row of the plan's partials, as the tiled kernel does.
+
+``value_conv_rows_kernel``: dL/dv's share through the conv, the transposed DWC of dL/dout, which
+`triton_backward.key_value_grad_kernel` otherwise gathers tap by tap (6.4 KB of its 11.4 KB per token at the
+benchmark shape): the forward's streamed conv with the taps flipped (each row read once with its halo), written to a
+buffer that the key kernel adds.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linvit.ops.linear_attention import triton_rows
 from linvit.ops.linear_attention import triton_tiles as tiles
 
-__all__ = ["dwc_weight_rows_kernel"]
+__all__ = ["dwc_weight_rows_kernel", "value_conv_rows_kernel"]
 
 
 @triton.jit
@@ -75,12 +82,52 @@ def dwc_weight_rows_kernel(
                 summed = summed + (tl.dot(v_t.to(tl.float32), ring[K - 1 - dy].to(tl.float32), acc[dy],
                                           input_precision=DOT_PRECISION),)  # fmt: skip
         acc = summed
-        dropped = ()
-        for m in tl.static_range(1, K):
-            dropped = dropped + (ring[m],)
-        ring = dropped
+        ring = ring[1:]
     row = grads_ptr + (p * tl.num_programs(2) + group).to(tl.int64) * grads_width + H * D
     dims = tl.arange(0, D_PAD)
     for dy in tl.static_range(K):
         diagonal = tl.sum(tl.where(dims[:, None] == dims[None, :], acc[dy], 0.0), axis=1)
         tl.store(row + dims * (K * K) + dy * K + dx, diagonal, mask=dims < D)
+
+
+@triton.jit
+def value_conv_rows_kernel(
+    do_ptr, w_ptr, conv_ptr, grads_ptr,
+    do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, TAP_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """dL/dout's transposed DWC, dL/dv's share through the conv: Σ_tap w[tap] · dL/dout[token - offset(tap)], for
+    the tokens of strip ``program_id(1) % strips`` of band ``program_id(1) // strips`` of image ``program_id(0)``
+    (its group's heads), into conv_ptr ((images, H·W, C), contiguous, qkv's dtype), which key_value_grad adds to
+    dL/dv and zeroes at masked keys. The forward's streamed conv (`triton_rows.conv_row`) with the taps flipped:
+    each row of dL/dout read once with its halo, where the tiled key kernel gathers it once per tap (6.4 KB per token
+    at the benchmark shape, most of that kernel's bytes). And the DWC bias's partial gradient, Σ dL/dout over the
+    program's tokens (each row of its band is read there anyway), into row ``program_id(0) · num_programs(1) +
+    program_id(1)`` of grads_ptr, its group's share of the bias columns (after the H·D temperature and D·K·K weight
+    columns), as key_value_grad writes them on the tiled path."""
+    b = tl.program_id(0)
+    strip = tl.program_id(1) % strips
+    top = (tl.program_id(1) // strips) * band_rows
+    bottom = tl.minimum(top + band_rows, map_h)
+    channels, channel_ok = tiles.tile_channels(tiles.first_head(H, H_PAD), H, D, H_PAD, D_PAD)
+    do_base = do_ptr + b.to(tl.int64) * do_stride_b
+    conv_base = conv_ptr + b.to(tl.int64) * map_h * map_w * (H * D)  # 64-bit before the product: large maps
+    pairs, taps = triton_rows.tap_matrices(w_ptr, D, D_PAD, K, TAP_DTYPE, True)
+    columns = strip * STRIP + tl.arange(0, STRIP)
+    R: tl.constexpr = K // 2
+    ring = triton_rows.empty_ring(H_PAD, STRIP, D_PAD, K)
+    bias = tl.zeros([H_PAD * STRIP, D_PAD], tl.float32)  # summed over the tokens once, at the end
+    for j in tl.range(top - R, bottom + R):
+        sums, row_values = triton_rows.conv_row(ring, pairs, taps, do_base, do_base, j, strip * STRIP, channels,
+                                                channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO,
+                                                False, TAP_DTYPE)  # fmt: skip
+        bias += tl.where((j >= top) & (j < bottom), row_values.to(tl.float32), 0.0)  # the band's own rows
+        row = j - R  # complete
+        ok = ((columns < map_w) & (row >= top))[None, :, None] & channel_ok
+        conv = tl.reshape(sums[0], (H_PAD, STRIP, D_PAD))
+        tl.store(conv_base + (row * map_w + columns)[None, :, None] * (H * D) + channels, conv, mask=ok)
+        ring = sums[1:]
+    grads_row = grads_ptr + (b * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * grads_width
+    bias_columns = grads_row + H * D + D * K * K + tl.program_id(2) * D + tl.arange(0, D_PAD)
+    tl.store(bias_columns, tl.sum(bias, axis=0), mask=tl.arange(0, D_PAD) < D)
