@@ -40,6 +40,7 @@ SUM_BLOCK = 128  # columns per program of the final sum of the small gradients
 SUM_ROWS = 8  # rows it adds per step
 POSITION_ELEMENTS = 4096  # a program's tile of the positional table's gradient: 32 tokens at C = 128
 WEIGHT_ROW_HEADS = 4  # heads a program of the streamed DWC weight gradient holds (8 spilled: 6×32 by the cost figure)
+WEIGHT_ROW_CHANNELS = 16  # channels a program of it holds: its products' diagonals, 16 the tensor cores' least
 
 
 def backward_plan(
@@ -301,7 +302,7 @@ def _value_conv(
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
             "STRIP": walk.strip,
             "K": kernel_size,
-            "HALO": row_halo(kernel_size),
+            "HALO": row_halo(kernel_size, sizes["H_PAD"], sizes["D_PAD"]),
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
         },
         lambda block: (walk.band_rows + kernel_size - 1,),
@@ -364,10 +365,11 @@ def _tiled_weight_grad(
 def _weight_strips(
     qkv: Tensor, dwc_weight: Tensor | None, options: KernelOptions, multiprocessors: int | None
 ) -> RowWalk | None:
-    """The walk of `triton_rows_backward.dwc_weight_rows_kernel` (up to WEIGHT_ROW_HEADS heads a program, its bands
-    sized as if it had one head group and one tap) where the forward streams its rows too
-    (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit inputs of head dims up to 32); None
-    elsewhere, for the tiled kernel (by the cost figure the streamed one spills 304 B at 2×64, 872 B in fp32)."""
+    """The walk of `triton_rows_backward.dwc_weight_rows_kernel` (up to WEIGHT_ROW_HEADS heads and
+    WEIGHT_ROW_CHANNELS channels a program, its bands sized as if it had one head group and one block of channels)
+    where the forward streams its rows too (`triton_launch.streams_rows`: a whole map without class tokens, 16-bit
+    inputs of head dims up to 32); None elsewhere, for the tiled kernel (by the cost figure the streamed one spills
+    304 B at 2×64, 872 B in fp32)."""
     head_dim_pad = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)["D_PAD"]
     whole_map = geometry(qkv.shape[0], qkv.shape[1], options)
     if not streams_rows(dwc_weight, whole_map, options.num_prefix_tokens, tap_products(qkv.dtype, head_dim_pad)):
@@ -381,14 +383,15 @@ def _streamed_weight_grad(
     qkv: Tensor, grad_out: Tensor, mask: Tensor | None, key_grads: Tensor, key_width: int, options: KernelOptions,
     dwc_kernel_size: int, walk: RowWalk,
 ) -> tuple[Launch, int]:  # fmt: skip
-    """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, ``walk``: :func:`_weight_strips`, one
-    program per horizontal tap) and the rows of partials it writes, one per strip, band, image and head group."""
+    """`triton_rows_backward.dwc_weight_rows_kernel`'s launch (strips in bands, ``walk``: :func:`_weight_strips`, a
+    program per block of WEIGHT_ROW_CHANNELS channels) and the rows of partials it writes, one per strip, band, image
+    and head group (each block of channels its own columns)."""
     sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
     kernel_size = dwc_kernel_size
     launch = Launch(
         "dwc_weight_rows",
         triton_rows_backward.dwc_weight_rows_kernel,
-        (walk.strip_bands, kernel_size, walk.groups),
+        (walk.strip_bands, triton.cdiv(sizes["D_PAD"], WEIGHT_ROW_CHANNELS), walk.groups),
         {
             "qkv_ptr": qkv,
             "mask_ptr": optional_tensor(mask, qkv),
@@ -410,9 +413,10 @@ def _streamed_weight_grad(
             "H": options.num_heads,
             "D": sizes["D"],
             "H_PAD": walk.heads_pad,
-            "D_PAD": sizes["D_PAD"],
+            "BLOCK_D": min(WEIGHT_ROW_CHANNELS, sizes["D_PAD"]),
             "STRIP": walk.strip,
             "K": kernel_size,
+            "HALO": row_halo(kernel_size, walk.heads_pad, min(WEIGHT_ROW_CHANNELS, sizes["D_PAD"])),
             "HAS_MASK": mask is not None,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
             "DOT_PRECISION": sizes["DOT_PRECISION"],

@@ -28,7 +28,7 @@ import triton.language as tl
 from linvit.ops.linear_attention import triton_feature_maps as maps
 from linvit.ops.linear_attention import triton_tiles as tiles
 
-__all__ = ["conv_row", "empty_ring", "output_rows_kernel", "tap_matrices"]
+__all__ = ["conv_row", "empty_ring", "output_rows_kernel", "row_and_halo", "shifted_row", "tap_matrices"]
 
 
 @triton.jit
@@ -93,29 +93,16 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
     columns = first + tl.arange(0, STRIP)
     row = base + (j * map_w + columns)[None, :, None] * stride_n + channels
     if HALO > 0:
-        strip_ok = tiles.unmasked(inside & (columns < map_w), mask_base, j * map_w + columns, HAS_MASK)
-        strip = tl.load(row, mask=strip_ok[None, :, None] & channel_ok, other=0.0)
-        # the halo: columns first - R … first - 1, then first + STRIP … first + STRIP + R - 1
-        sides = tl.arange(0, HALO)
-        halo_columns = tl.where(sides < R, first - R + sides, first + STRIP + sides - R)
-        halo_ok = inside & (halo_columns.to(tl.uint32) < map_w.to(tl.uint32)) & (sides < 2 * R)  # below 0 wraps
-        halo_ok = tiles.unmasked(halo_ok, mask_base, j * map_w + halo_columns, HAS_MASK)
-        halo = tl.load(base + (j * map_w + halo_columns)[None, :, None] * stride_n + channels,
-                       mask=halo_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+        strip, halo = row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP, K,
+                                   HALO, HAS_MASK)  # fmt: skip
     for dx in tl.static_range(K):
         if HALO == 0:  # a scalar offset from the row's own addresses: per-tap address tiles would hold registers
             shifted_columns = columns + (dx - R)
             shifted_ok = inside & (shifted_columns.to(tl.uint32) < map_w.to(tl.uint32))  # below 0 wraps
             shifted_ok = tiles.unmasked(shifted_ok, mask_base, j * map_w + shifted_columns, HAS_MASK)
             shifted = tl.load(row + (dx - R) * stride_n, mask=shifted_ok[None, :, None] & channel_ok, other=0.0)
-        elif dx == R:
-            shifted = strip
-        else:  # the strip's column each token takes, outside it the halo's
-            source = tl.broadcast_to(tl.arange(0, STRIP)[None, :, None] + (dx - R), (H_PAD, STRIP, D_PAD))
-            from_strip = tl.gather(strip, tl.minimum(tl.maximum(source, 0), STRIP - 1), 1)
-            side = tl.where(source < 0, source + R, source - STRIP + R)
-            from_halo = tl.gather(halo, tl.minimum(tl.maximum(side, 0), HALO - 1), 1)
-            shifted = tl.where((source >= 0) & (source < STRIP), from_strip, from_halo)
+        else:
+            shifted = shifted_row(strip, halo, dx - R, STRIP, HALO, K)
         values = tl.reshape(shifted, (FLAT, D_PAD))
         if dx == R:
             centre = values
@@ -128,6 +115,43 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
         added = added + (tl.dot(values.to(TAP_DTYPE), taps[dx], sums[K - 1]),)
         sums = added
     return sums, centre
+
+
+@triton.jit
+def row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP: tl.constexpr,
+                 K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
+    """Row j's strip of STRIP columns from ``first`` (H_PAD, STRIP, channels) and its halo (H_PAD, HALO, channels):
+    the K//2 columns before the strip, then the K//2 after it (zero outside the map, at masked tokens and past 2·K//2),
+    for :func:`shifted_row`."""
+    R: tl.constexpr = K // 2
+    inside = (j >= 0) & (j < map_h)
+    columns = first + tl.arange(0, STRIP)
+    strip_ok = tiles.unmasked(inside & (columns < map_w), mask_base, j * map_w + columns, HAS_MASK)
+    strip = tl.load(base + (j * map_w + columns)[None, :, None] * stride_n + channels,
+                    mask=strip_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+    sides = tl.arange(0, HALO)
+    halo_columns = tl.where(sides < R, first - R + sides, first + STRIP + sides - R)
+    halo_ok = inside & (halo_columns.to(tl.uint32) < map_w.to(tl.uint32)) & (sides < 2 * R)  # below 0 wraps
+    halo_ok = tiles.unmasked(halo_ok, mask_base, j * map_w + halo_columns, HAS_MASK)
+    halo = tl.load(base + (j * map_w + halo_columns)[None, :, None] * stride_n + channels,
+                   mask=halo_ok[None, :, None] & channel_ok, other=0.0)  # fmt: skip
+    return strip, halo
+
+
+@triton.jit
+def shifted_row(strip, halo, shift: tl.constexpr, STRIP: tl.constexpr, HALO: tl.constexpr, K: tl.constexpr):
+    """The row (:func:`row_and_halo`) shifted by ``shift`` columns: token c takes column c + shift, from the strip
+    or, outside it, from the halo (gathers within the program)."""
+    R: tl.constexpr = K // 2
+    if shift == 0:
+        shifted = strip
+    else:
+        source = tl.broadcast_to(tl.arange(0, STRIP)[None, :, None] + shift, strip.shape)
+        from_strip = tl.gather(strip, tl.minimum(tl.maximum(source, 0), STRIP - 1), 1)
+        side = tl.where(source < 0, source + R, source - STRIP + R)
+        from_halo = tl.gather(halo, tl.minimum(tl.maximum(side, 0), HALO - 1), 1)
+        shifted = tl.where((source >= 0) & (source < STRIP), from_strip, from_halo)
+    return shifted
 
 
 @triton.jit

@@ -1,16 +1,21 @@
 """The backward's kernels on a whole map (no windows, no class tokens), streamed down strips of the map as the
-forward's output is (`triton_rows.py`): each value of v and of dL/dout read once per horizontal tap (the weight's
-gradient) or about once (the transposed conv), not once per tap.
+forward's output is (`triton_rows.py`): each row of v and of dL/dout read about once (its strip and a halo of K - 1
+columns), not once per tap.
 
 ``dwc_weight_rows_kernel``: dL/dw[dy, dx] = Σ over tokens o of v[o + (dy, dx) - K//2] · dL/dout[o], per channel and
 summed over the heads (the DWC's weight is shared by them). `triton_backward.dwc_weight_grad_kernel` reads v once per
 group of up to three taps and dL/dout once per tap (9.2 KB per token at the benchmark shape). Here a program owns a
-strip of columns, a band of rows, one horizontal tap dx and a group of up to four heads (more spilled), and walks the
-band row by row: v's row j shifted by dx is read once and multiplied with the K rows of dL/dout it meets
-(j - K//2 … j + K//2, a ring of K tiles: the newest loaded each row, the oldest dropped), one tensor-core product per
-vertical tap, (D, H_PAD·STRIP) @ (H_PAD·STRIP, D) over the group's tokens at once, whose diagonal is the tap's
-gradient and is taken once per program. The band's first K - 1 rows only fill the ring. A program writes its K taps'
-partial sums to its row of the plan's partials, as the tiled kernel does.
+strip of columns, a band of rows, a block of 16 channels and a group of up to four heads, and walks the band row by
+row: v's row j is read once with its halo, its K horizontal shifts (gathers within the program) stacked side by side
+(padded to 4 or 8) as one (tokens, shifts·16) tile, and multiplied with the K rows of dL/dout it meets (j - K//2 … j +
+K//2, a ring: the newest loaded each row, the oldest dropped), one tensor-core product per vertical tap, (shifts·16,
+H_PAD·STRIP) @ (H_PAD·STRIP, 16) over the group's tokens at once. The diagonal of each shift's 16 × 16 block is a
+tap's gradient, taken once per program. Stacked, a product has the 64 rows or more that a warpgroup's takes (16 rows
+alone were padded to 64, 4× the work), and a block of 16 channels wastes 16× the conv's multiply-adds on the
+off-diagonal products, where a program of all 32 channels per tap (the kernel before, one program per horizontal tap)
+wasted 32× and read v and dL/dout K times: 2,646 → 606 B and 0.289 → 0.091 ms at the benchmark shape by the cost
+figure. The band's first K - 1 rows only fill the ring. A program writes its K² taps' partial sums to its row of the
+plan's partials, as the tiled kernel does.
 
 ``value_conv_rows_kernel``: dL/dv's share through the conv, the transposed DWC of dL/dout, which
 `triton_backward.key_value_grad_kernel` otherwise gathers tap by tap (6.4 KB of its 11.4 KB per token at the
@@ -33,15 +38,16 @@ __all__ = ["dwc_weight_rows_kernel", "value_conv_rows_kernel"]
 def dwc_weight_rows_kernel(
     qkv_ptr, mask_ptr, do_ptr, grads_ptr,
     stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, grads_width, strips, bands, band_rows, map_h, map_w,
-    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, BLOCK_D: tl.constexpr, STRIP: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The partial dL/dw[·, dx] (dx = ``program_id(1)``) of the heads of group g = ``program_id(2)`` (H_PAD heads
-    from g·H_PAD) in strip ``p % strips`` of band ``p // strips % bands`` of image ``p // (strips · bands)``
-    (p = ``program_id(0)``), into row p · groups + g of grads_ptr (after its H·D temperature columns, weight column
-    d·K·K + dy·K + dx)."""
+    """The partial dL/dw of channels c·BLOCK_D … c·BLOCK_D + BLOCK_D - 1 (c = ``program_id(1)``) of the heads of group
+    g = ``program_id(2)`` (H_PAD heads from g·H_PAD) in strip ``p % strips`` of band ``p // strips % bands`` of image
+    ``p // (strips · bands)`` (p = ``program_id(0)``), into row p · groups + g of grads_ptr (after its H·D temperature
+    columns, weight column d·K·K + dy·K + dx)."""
     p = tl.program_id(0)
-    dx = tl.program_id(1)
+    block = tl.program_id(1)
     group = tl.program_id(2)
     image = p // (strips * bands)
     strip = p % strips
@@ -50,30 +56,38 @@ def dwc_weight_rows_kernel(
     v_base = qkv_ptr + image.to(tl.int64) * stride_b + 2 * H * D
     do_base = do_ptr + image.to(tl.int64) * do_stride_b
     mask_base = mask_ptr + image.to(tl.int64) * mask_stride_b
-    channels, channel_ok = tiles.tile_channels(group * H_PAD, H, D, H_PAD, D_PAD)
+    heads = group * H_PAD + tl.arange(0, H_PAD)[:, None, None]
+    dims = block * BLOCK_D + tl.arange(0, BLOCK_D)[None, None, :]
+    channels, channel_ok = heads * D + dims, (heads < H) & (dims < D)
     columns = strip * STRIP + tl.arange(0, STRIP)
     R: tl.constexpr = K // 2
     FLAT: tl.constexpr = H_PAD * STRIP
-    v_columns = columns + dx - R
-    v_column_ok = v_columns.to(tl.uint32) < map_w.to(tl.uint32)  # below 0 wraps above the width
-    acc = ()  # per vertical tap dy: Σ vᵀ dL/dout, (D_PAD, D_PAD) fp32, whose diagonal is the gradient
-    ring = ()  # dL/dout's rows j - R … j + R - 1 (then j + R joins), (FLAT, D_PAD)
+    SHIFTS: tl.constexpr = 4 if K <= 4 else 8  # the K horizontal shifts stacked, padded to a power of two
+    acc = ()  # per vertical tap dy: (SHIFTS·BLOCK_D, BLOCK_D) fp32, the diagonal of each shift's block its gradient
+    ring = ()  # dL/dout's rows j - R … j + R - 1 (then j + R joins), (FLAT, BLOCK_D)
     for _ in tl.static_range(K):
-        acc = acc + (tl.zeros([D_PAD, D_PAD], tl.float32),)
+        acc = acc + (tl.zeros([SHIFTS * BLOCK_D, BLOCK_D], tl.float32),)
     for _ in tl.static_range(K - 1):
-        ring = ring + (tl.zeros([FLAT, D_PAD], do_ptr.dtype.element_ty),)
+        ring = ring + (tl.zeros([FLAT, BLOCK_D], do_ptr.dtype.element_ty),)
     for j in tl.range(top - 2 * R, bottom):
         newest = j + R  # dL/dout's row that joins the ring
         places = newest * map_w + columns
         ok = (columns < map_w) & (newest >= 0) & (newest < map_h)
         g = tl.load(do_base + places[None, :, None] * do_stride_n + channels, mask=ok[None, :, None] & channel_ok,
                     other=0.0)  # fmt: skip
-        ring = ring + (tl.reshape(g, (FLAT, D_PAD)),)
-        v_places = j * map_w + v_columns
-        v_ok = tiles.unmasked(v_column_ok & (j >= top) & (j >= 0), mask_base, v_places, HAS_MASK)
-        v = tl.load(v_base + v_places[None, :, None] * stride_n + channels, mask=v_ok[None, :, None] & channel_ok,
-                    other=0.0)  # fmt: skip
-        v_t = tl.trans(tl.reshape(v, (FLAT, D_PAD)))
+        ring = ring + (tl.reshape(g, (FLAT, BLOCK_D)),)
+        # v's row j (the band's own rows only) with K//2 columns on each side, read once, its K shifts stacked
+        v_row = tl.where(j >= top, j, -1)  # row -1 reads as zeros
+        strip_values, halo = triton_rows.row_and_halo(v_base, mask_base, v_row, strip * STRIP, channels, channel_ok,
+                                                      stride_n, map_h, map_w, STRIP, K, HALO, HAS_MASK)  # fmt: skip
+        shifts = ()
+        for dx in tl.static_range(SHIFTS):
+            if dx < K:
+                shifted = triton_rows.shifted_row(strip_values, halo, dx - R, STRIP, HALO, K)
+                shifts = shifts + (tl.reshape(shifted, (FLAT, BLOCK_D)),)
+            else:
+                shifts = shifts + (tl.zeros([FLAT, BLOCK_D], strip_values.dtype),)
+        v_t = tl.trans(_stacked(shifts, FLAT, BLOCK_D, SHIFTS))
         summed = ()
         for dy in tl.static_range(K):  # v's row j meets dL/dout's row j - dy + R: ring entry K - 1 - dy
             if HALF_DOT:
@@ -84,10 +98,26 @@ def dwc_weight_rows_kernel(
         acc = summed
         ring = ring[1:]
     row = grads_ptr + (p * tl.num_programs(2) + group).to(tl.int64) * grads_width + H * D
-    dims = tl.arange(0, D_PAD)
+    lanes = tl.arange(0, BLOCK_D)
+    stacked_rows = tl.arange(0, SHIFTS * BLOCK_D)[:, None]
+    weight_dims = block * BLOCK_D + lanes
     for dy in tl.static_range(K):
-        diagonal = tl.sum(tl.where(dims[:, None] == dims[None, :], acc[dy], 0.0), axis=1)
-        tl.store(row + dims * (K * K) + dy * K + dx, diagonal, mask=dims < D)
+        for dx in tl.static_range(K):
+            own = stacked_rows == lanes[None, :] * SHIFTS + dx  # channel c's row of shift dx: c·SHIFTS + dx
+            diagonal = tl.sum(tl.where(own, acc[dy], 0.0), axis=0)
+            tl.store(row + weight_dims * (K * K) + dy * K + dx, diagonal, mask=weight_dims < D)
+
+
+@triton.jit
+def _stacked(tiles, FLAT: tl.constexpr, BLOCK_D: tl.constexpr, SHIFTS: tl.constexpr):
+    """The SHIFTS tiles (FLAT, BLOCK_D) side by side as one (FLAT, SHIFTS·BLOCK_D), tile m's channel c at column
+    c·SHIFTS + m (`tl.join` makes the new axis the innermost, so the leaves go in bit-reversed order)."""
+    if SHIFTS == 4:
+        both = tl.join(tl.join(tiles[0], tiles[2]), tl.join(tiles[1], tiles[3]))
+    else:
+        both = tl.join(tl.join(tl.join(tiles[0], tiles[4]), tl.join(tiles[2], tiles[6])),
+                       tl.join(tl.join(tiles[1], tiles[5]), tl.join(tiles[3], tiles[7])))  # fmt: skip
+    return tl.reshape(both, (FLAT, SHIFTS * BLOCK_D))
 
 
 @triton.jit
