@@ -255,6 +255,7 @@ def _output_rows(
             "K": kernel_size,
             # each row read once with its halo, except beside the head groups' norms (its gathers spill there)
             "HALO": 0 if constants["TOKEN_NORMS"] else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"]),
+            **triton_taps.row_words(qkv, constants["D"]),
             "HAS_BIAS": dwc_bias is not None,
         },  # fmt: skip
         lambda block: (chunks, walk.band_rows + kernel_size - 1),

@@ -75,7 +75,7 @@ def empty_ring(H_PAD: tl.constexpr, STRIP: tl.constexpr, D_PAD: tl.constexpr, K:
 @triton.jit
 def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w,
              H_PAD: tl.constexpr, STRIP: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr,
-             HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
+             HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     """Input row j of the strip of STRIP columns from ``first`` multiplied into the K output rows it touches:
     ``ring`` holds the convs of output rows j - K//2 … j + K//2 - 1 so far; returns those of rows
     j - K//2 … j + K//2, the first complete, and the row's own values (FLAT, D_PAD) (the centre tap's). Each horizontal
@@ -94,7 +94,7 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
     row = base + (j * map_w + columns)[None, :, None] * stride_n + channels
     if HALO > 0:
         strip, halo = row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP, K,
-                                   HALO, HAS_MASK)  # fmt: skip
+                                   HALO, HAS_MASK, WORDS)  # fmt: skip
     for dx in tl.static_range(K):
         if HALO == 0:  # a scalar offset from the row's own addresses: per-tap address tiles would hold registers
             shifted_columns = columns + (dx - R)
@@ -102,7 +102,7 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
             shifted_ok = tiles.unmasked(shifted_ok, mask_base, j * map_w + shifted_columns, HAS_MASK)
             shifted = tl.load(row + (dx - R) * stride_n, mask=shifted_ok[None, :, None] & channel_ok, other=0.0)
         else:
-            shifted = shifted_row(strip, halo, dx - R, STRIP, HALO, K)
+            shifted = shifted_row(strip, halo, dx - R, STRIP, HALO, K, WORDS, base.dtype.element_ty)
         values = tl.reshape(shifted, (FLAT, D_PAD))
         if dx == R:
             centre = values
@@ -119,11 +119,19 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
 
 @triton.jit
 def row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP: tl.constexpr,
-                 K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
+                 K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     """Row j's strip of STRIP columns from ``first`` (H_PAD, STRIP, channels) and its halo (H_PAD, HALO, channels):
     the K//2 columns before the strip, then the K//2 after it (zero outside the map, at masked tokens and past 2·K//2),
-    for :func:`shifted_row`."""
+    for :func:`shifted_row`. ``WORDS``: 16-bit values read two channels at a time as 32-bit words (an even number of
+    channels a head, rows starting at whole words): the gathers then move a word per pair (at the benchmark shape the
+    output kernel issued 328 warp-instructions a token, 300 so, its byte permutes gone)."""
     R: tl.constexpr = K // 2
+    if WORDS:  # channel 2i + 1 is the high half of word i: the even channels' indices, halved
+        channels, _ = tl.split(tl.reshape(channels, (channels.shape[0], 1, channels.shape[2] // 2, 2)))
+        channel_ok, _ = tl.split(tl.reshape(channel_ok, (channel_ok.shape[0], 1, channel_ok.shape[2] // 2, 2)))
+        base = base.to(tl.pointer_type(tl.int32))
+        channels = channels // 2
+        stride_n = stride_n // 2
     inside = (j >= 0) & (j < map_h)
     columns = first + tl.arange(0, STRIP)
     strip_ok = tiles.unmasked(inside & (columns < map_w), mask_base, j * map_w + columns, HAS_MASK)
@@ -139,9 +147,11 @@ def row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_
 
 
 @triton.jit
-def shifted_row(strip, halo, shift: tl.constexpr, STRIP: tl.constexpr, HALO: tl.constexpr, K: tl.constexpr):
+def shifted_row(strip, halo, shift: tl.constexpr, STRIP: tl.constexpr, HALO: tl.constexpr, K: tl.constexpr,
+                WORDS: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
     """The row (:func:`row_and_halo`) shifted by ``shift`` columns: token c takes column c + shift, from the strip
-    or, outside it, from the halo (gathers within the program)."""
+    or, outside it, from the halo (gathers within the program), as (H_PAD, STRIP, channels) of ``dtype`` (with
+    ``WORDS`` each word's halves, even channel low)."""
     R: tl.constexpr = K // 2
     if shift == 0:
         shifted = strip
@@ -151,6 +161,10 @@ def shifted_row(strip, halo, shift: tl.constexpr, STRIP: tl.constexpr, HALO: tl.
         side = tl.where(source < 0, source + R, source - STRIP + R)
         from_halo = tl.gather(halo, tl.minimum(tl.maximum(side, 0), HALO - 1), 1)
         shifted = tl.where((source >= 0) & (source < STRIP), from_strip, from_halo)
+    if WORDS:
+        low = (shifted & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
+        high = (shifted >> 16).to(tl.int16).to(dtype, bitcast=True)
+        shifted = tl.reshape(tl.join(low, high), (shifted.shape[0], STRIP, 2 * shifted.shape[2]))
     return shifted
 
 
@@ -160,8 +174,8 @@ def output_rows_kernel(
     stride_b, stride_n, out_stride_b, out_stride_n, mask_stride_b, norms_stride_b, chunks, strips, band_rows, map_h,
     map_w, eps, feature_eps,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, HALO: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr,
-    HAS_MASK: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr,
+    PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKEN_NORMS: tl.constexpr, TAP_DTYPE: tl.constexpr,
     SOFTPLUS: tl.constexpr = False,
 ):  # fmt: skip
@@ -191,7 +205,7 @@ def output_rows_kernel(
     ring = empty_ring(H_PAD, STRIP, D_PAD, K)
     for j in tl.range(top - R, bottom + R):
         sums, _ = conv_row(ring, pairs, taps, v_base, mask_base, j, strip * STRIP, channels, channel_ok, stride_n,
-                           map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO, HAS_MASK, TAP_DTYPE)  # fmt: skip
+                           map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO, HAS_MASK, TAP_DTYPE, WORDS)  # fmt: skip
         # output row j - R is complete: its attention, plus its conv
         row = j - R
         places = row * map_w + columns

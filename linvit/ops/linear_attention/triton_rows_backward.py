@@ -39,7 +39,7 @@ def dwc_weight_rows_kernel(
     qkv_ptr, mask_ptr, do_ptr, grads_ptr,
     stride_b, stride_n, do_stride_b, do_stride_n, mask_stride_b, grads_width, strips, bands, band_rows, map_h, map_w,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, BLOCK_D: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The partial dL/dw of channels c·BLOCK_D … c·BLOCK_D + BLOCK_D - 1 (c = ``program_id(1)``) of the heads of group
@@ -79,14 +79,16 @@ def dwc_weight_rows_kernel(
         # v's row j (the band's own rows only) with K//2 columns on each side, read once, its K shifts stacked
         v_row = tl.where(j >= top, j, -1)  # row -1 reads as zeros
         strip_values, halo = triton_rows.row_and_halo(v_base, mask_base, v_row, strip * STRIP, channels, channel_ok,
-                                                      stride_n, map_h, map_w, STRIP, K, HALO, HAS_MASK)  # fmt: skip
+                                                      stride_n, map_h, map_w, STRIP, K, HALO, HAS_MASK,
+                                                      WORDS)  # fmt: skip
         shifts = ()
         for dx in tl.static_range(SHIFTS):
             if dx < K:
-                shifted = triton_rows.shifted_row(strip_values, halo, dx - R, STRIP, HALO, K)
+                shifted = triton_rows.shifted_row(strip_values, halo, dx - R, STRIP, HALO, K, WORDS,
+                                                  v_base.dtype.element_ty)  # fmt: skip
                 shifts = shifts + (tl.reshape(shifted, (FLAT, BLOCK_D)),)
             else:
-                shifts = shifts + (tl.zeros([FLAT, BLOCK_D], strip_values.dtype),)
+                shifts = shifts + (tl.zeros([FLAT, BLOCK_D], v_base.dtype.element_ty),)
         v_t = tl.trans(_stacked(shifts, FLAT, BLOCK_D, SHIFTS))
         summed = ()
         for dy in tl.static_range(K):  # v's row j meets dL/dout's row j - dy + R: ring entry K - 1 - dy
@@ -125,7 +127,7 @@ def value_conv_rows_kernel(
     do_ptr, w_ptr, conv_ptr, grads_ptr,
     do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, HALO: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """dL/dout's transposed DWC, dL/dv's share through the conv: Σ_tap w[tap] · dL/dout[token - offset(tap)], for
     the tokens of strip ``program_id(1) % strips`` of band ``program_id(1) // strips`` of image ``program_id(0)``
@@ -151,7 +153,7 @@ def value_conv_rows_kernel(
     for j in tl.range(top - R, bottom + R):
         sums, row_values = triton_rows.conv_row(ring, pairs, taps, do_base, do_base, j, strip * STRIP, channels,
                                                 channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO,
-                                                False, TAP_DTYPE)  # fmt: skip
+                                                False, TAP_DTYPE, WORDS)  # fmt: skip
         bias += tl.where((j >= top) & (j < bottom), row_values.to(tl.float32), 0.0)  # the band's own rows
         row = j - R  # complete
         ok = ((columns < map_w) & (row >= top))[None, :, None] & channel_ok

@@ -71,6 +71,12 @@ def bf16_pairs(values: Tensor, head_dim: int, products: dict, windowed: bool) ->
     return {"BF16_PAIRS": paired and not products["TENSOR_TAPS"] and not windowed}
 
 
+def row_words(values: Tensor, head_dim: int) -> dict:
+    """WORDS of a rows kernel (`triton_rows.row_and_halo`) reading ``values``: 16-bit values of an even head_dim whose
+    rows and images start at whole 32-bit words, which it reads and shifts two channels at a time."""
+    return {"WORDS": values.element_size() == 2 and head_dim % 2 == 0 and _whole_words(values)}
+
+
 def _whole_words(values: Tensor) -> bool:
     """Whether the rows and images of 16-bit ``values`` start at whole 32-bit words: even strides and an even offset
     into their storage, and for a real tensor an address that is a multiple of 4 (a fake tensor, as torch.compile
