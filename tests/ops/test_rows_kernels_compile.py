@@ -32,7 +32,8 @@ def test_the_rows_kernels_compile_for_sm90_at_every_head_count_and_dwc_size():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["failures"] == []
     assert len(result["compiled"]) == 5 * 2 * 3 * 3  # heads × head dims × DWC sizes × the three rows kernels
-    # the DWC weight's gradient holds its stacked shifts' products without spilling up to DWC 5 (at 7: at most 32 B)
+    # none spills up to DWC 5; at 7 (a ring of 7 accumulators) the conv kernels do (80-472 B by the cost figure on
+    # 2026-12-05), the weight's gradient at most 32 B
+    assert [case for case in result["compiled"] if case["kernel_size"] <= 5 and case["spill"]] == []
     weight = [case for case in result["compiled"] if "dwc_weight_rows" in case["case"]]
-    assert all(case["spill"] == 0 for case in weight if case["kernel_size"] <= 5)
     assert all(case["spill"] <= 32 for case in weight)

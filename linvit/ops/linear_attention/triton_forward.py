@@ -43,11 +43,19 @@ def state_kernel(
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr,
     HAS_DWC: tl.constexpr, K: tl.constexpr, TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr,
     ROWS_FIRST: tl.constexpr,
-    SOFTPLUS: tl.constexpr = False,
+    SOFTPLUS: tl.constexpr = False, IMAGES: tl.constexpr = 1,
 ):  # fmt: skip
     """Partial S, z and kept-key count of the keys of chunk t of batch element b (its group's heads); the first
     program also copies the DWC weight in the form the output kernel's taps multiply. ROWS_FIRST: the tiles' layout
-    (`triton_tiles.load_rows`)."""
+    (`triton_tiles.load_rows`). ``IMAGES`` 2 (whole maps, a positional table shared by the batch): the program takes
+    batch elements 2b and 2b + 1, and reads each tile of the table once for both (in fp32 it is as many bytes as the
+    keys and values together: 1,033 → 777 B a token at the benchmark shape)."""
+    if IMAGES > 1:
+        _paired_state(qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, w_ptr, taps_ptr, N,
+                      stride_b, stride_n, mask_stride_b, norms_stride_b, chunk, feature_eps, H, D, H_PAD, D_PAD,
+                      BLOCK_N, MAP, POWER, PRESCALED, HAS_MASK, HALF_DOT, DOT_PRECISION, TOKEN_NORMS, HAS_DWC, K,
+                      TENSOR_TAPS, TAP_DTYPE, ROWS_FIRST, SOFTPLUS, IMAGES)  # fmt: skip
+        return
     b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
                                                                     WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
@@ -85,6 +93,71 @@ def state_kernel(
     tiles.store_state(s_ptr, z_ptr, slot, acc_s, tl.sum(acc_z, axis=1), head0, H, D, H_PAD, D_PAD)
     if head0 == 0:  # every group counts the same keys
         tl.store(count_ptr + slot, tl.sum(kept, axis=0))
+
+
+@triton.jit
+def _paired_state(
+    qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, s_ptr, z_ptr, count_ptr, w_ptr, taps_ptr,
+    N, stride_b, stride_n, mask_stride_b, norms_stride_b, chunk, feature_eps,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAP: tl.constexpr, POWER: tl.constexpr, PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr, HALF_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TOKEN_NORMS: tl.constexpr, HAS_DWC: tl.constexpr, K: tl.constexpr,
+    TENSOR_TAPS: tl.constexpr, TAP_DTYPE: tl.constexpr, ROWS_FIRST: tl.constexpr, SOFTPLUS: tl.constexpr,
+    IMAGES: tl.constexpr,
+):  # fmt: skip
+    """`state_kernel` for IMAGES batch elements from IMAGES · ``program_id(0)`` on a whole map with a positional table
+    shared by the batch, each tile of the table read once for all of them."""
+    first = tl.program_id(0) * IMAGES
+    t = tl.program_id(1)
+    if HAS_DWC:
+        tiles.copy_taps_major(w_ptr, taps_ptr, D, D_PAD, K, TENSOR_TAPS, TAP_DTYPE)
+    head0 = tiles.first_head(H, H_PAD)
+    channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
+    acc_s = ()
+    acc_z = ()
+    kept = ()
+    for _ in tl.static_range(IMAGES):
+        acc_s = acc_s + (tl.zeros([H_PAD, D_PAD, D_PAD], tl.float32),)
+        acc_z = acc_z + (tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32),)
+        kept = kept + (tl.zeros([BLOCK_N], tl.float32),)
+    start, stop = tiles.chunk_bounds(t, chunk, N)
+    for row0 in tl.range(start, stop, BLOCK_N):
+        rows = row0 + tl.arange(0, BLOCK_N)
+        in_chunk = (rows < stop)[None, :, None] & channel_ok
+        position = tiles.load_rows(pos_ptr + rows[None, :, None] * (H * D) + channels, in_chunk, 0.0,
+                                   ROWS_FIRST).to(tl.float32)  # fmt: skip
+        if PRESCALED:
+            position = position * inv
+        summed_s = ()
+        summed_z = ()
+        counted = ()
+        for i in tl.static_range(IMAGES):
+            image = (first + i).to(tl.int64)
+            keep = tiles.unmasked(rows < stop, mask_ptr + image * mask_stride_b, rows, HAS_MASK)
+            ok = keep[None, :, None] & channel_ok
+            x = tiles.load_tile(qkv_ptr + image * stride_b + H * D, rows, ok, stride_n, channels, ROWS_FIRST)
+            x = x + position
+            m, sq_a, sq_y = maps.load_norms(norms_ptr + image * norms_stride_b, rows, keep, TOKEN_NORMS)
+            phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+            phi = tl.where(ok, phi, 0.0)
+            v = tiles.load_rows(qkv_ptr + image * stride_b + 2 * H * D + rows[None, :, None] * stride_n + channels, ok,
+                                0.0, ROWS_FIRST)  # fmt: skip
+            if HALF_DOT:  # bf16 operands, fp32 accumulation
+                product = tiles.head_dot(tl.permute(phi.to(v.dtype), (0, 2, 1)), v, acc_s[i], H_PAD, DOT_PRECISION)
+            else:
+                product = tiles.head_dot(tl.permute(phi, (0, 2, 1)), v.to(tl.float32), acc_s[i], H_PAD,
+                                         DOT_PRECISION)  # fmt: skip
+            summed_s = summed_s + (product,)
+            summed_z = summed_z + (acc_z[i] + phi,)
+            counted = counted + (kept[i] + keep.to(tl.float32),)
+        acc_s = summed_s
+        acc_z = summed_z
+        kept = counted
+    for i in tl.static_range(IMAGES):
+        slot = ((first + i) * tl.num_programs(1) + t).to(tl.int64)
+        tiles.store_state(s_ptr, z_ptr, slot, acc_s[i], tl.sum(acc_z[i], axis=1), head0, H, D, H_PAD, D_PAD)
+        if head0 == 0:  # every group counts the same keys
+            tl.store(count_ptr + slot, tl.sum(kept[i], axis=0))
 
 
 @triton.jit

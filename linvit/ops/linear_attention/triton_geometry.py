@@ -222,13 +222,15 @@ def row_strip(heads_pad: int) -> int:
     return max(16, ROW_TILE // heads_pad)
 
 
-def row_halo(kernel_size: int, heads_pad: int, channels: int) -> int:
-    """HALO of the rows kernels (`triton_rows.row_and_halo`): the K//2 columns on each side of a strip that its taps
-    reach, 2·(K//2) rounded up to a power of two (a tile's size), and at least as many that the halo's tile (heads_pad
-    × HALO × channels) holds an element per thread: Triton 3.8's gather from a smaller tile fails to compile (a pass's
-    assertion, a RuntimeError at the first launch: one head of 16 or 32 channels at DWC 3, one of 16 at DWC 5)."""
-    threads = ROW_WARPS * 32
-    return max(triton.next_power_of_2(max(1, kernel_size - 1)), triton.cdiv(threads, heads_pad * channels))
+def row_halo(kernel_size: int, heads_pad: int, channels: int, words: bool) -> dict:
+    """HALO and WORDS of the rows kernels (`triton_rows.row_and_halo`): the K//2 columns on each side of a strip
+    that its taps reach, 2·(K//2) rounded up to a power of two (a tile's size), and at least as many that the halo's
+    tile (heads_pad × HALO × channels, or half as many 32-bit ``words``) holds an element per thread: Triton 3.8's
+    gather from a smaller tile fails to compile (a pass's assertion, a RuntimeError at the first launch: one head of
+    16 or 32 channels at DWC 3, one of 16 at DWC 5)."""
+    elements = heads_pad * (channels // 2 if words else channels)
+    halo = max(triton.next_power_of_2(max(1, kernel_size - 1)), triton.cdiv(ROW_WARPS * 32, elements))
+    return {"HALO": halo, "WORDS": words}
 
 
 def row_bands(

@@ -32,6 +32,7 @@ from linvit.ops.linear_attention.triton_geometry import (
 from linvit.ops.linear_attention.triton_taps import (
     bf16_pairs,
     dwc_constants,
+    row_words,
     tap_buffer,
     tap_products,
 )
@@ -68,6 +69,14 @@ def walk_arguments(qkv: Tensor, chunk: int, walked: Geometry) -> dict:
 
 def position_stride(key_position: Tensor | None) -> int:
     return 0 if key_position is None or key_position.shape[0] == 1 else key_position[0].numel()
+
+
+def paired_images(batch: int, key_position: Tensor | None, walked: Geometry, num_prefix_tokens: int) -> int:
+    """Batch elements a program of the state and key-gradient kernels takes: 2 where they share a positional table
+    (one for the whole batch, an even batch of whole maps without class tokens), which the program then reads once
+    for both (in fp32 it is as many bytes as a token's keys and values together); else 1."""
+    shared = key_position is not None and position_stride(key_position) == 0
+    return 2 if shared and batch % 2 == 0 and not walked.windowed and num_prefix_tokens == 0 else 1
 
 
 def token_norms_shape(images: int, map_tokens: int, channels: int, options: KernelOptions) -> tuple[int, ...]:
@@ -116,10 +125,11 @@ def forward_plan(
     trips = tile_trips(tokens, chunk, chunks)
     norms_args = {"norms_ptr": norms if token_norms else qkv, "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value}
     rows = streams_rows(dwc_weight, walked, num_prefix_tokens, dwc)
+    images_a_program = paired_images(batch, key_position, walked, num_prefix_tokens)
     state = Launch(
         "state",
         triton_forward.state_kernel,
-        (batch, chunks, groups),
+        (batch // images_a_program, chunks, groups),
         {
             **walk_arguments(qkv, chunk, walked),
             **norms_args,
@@ -144,6 +154,7 @@ def forward_plan(
             **dwc,
             "HAS_DWC": dwc["HAS_DWC"] and not rows,
             "ROWS_FIRST": triton_taps.ROWS_FIRST,
+            "IMAGES": images_a_program,
         },  # fmt: skip
         lambda block: (trips(block),),
     )
@@ -218,6 +229,7 @@ def _output_rows(
     kernel's ``chunks`` partial states per image; ``constants``: the sizes and flags, with the taps' TAP_DTYPE."""
     images, map_h, map_w = qkv.shape[0], options.grid_h, options.grid_w
     walk = row_walk(images, map_h, map_w, constants["H"], constants["H_PAD"], qkv.device, multiprocessors)
+    words = row_words(qkv, constants["D"]) and (constants["H_PAD"], constants["D_PAD"]) != (2, 32)
     partial_s, partial_z, partial_count = partials
     constants = {key: value for key, value in constants.items() if key not in ("WINDOW_H", "WINDOW_W")}
     kernel_size = dwc_weight.shape[-1]
@@ -253,9 +265,13 @@ def _output_rows(
             **constants,
             "STRIP": walk.strip,
             "K": kernel_size,
-            # each row read once with its halo, except beside the head groups' norms (its gathers spill there)
-            "HALO": 0 if constants["TOKEN_NORMS"] else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"]),
-            **triton_taps.row_words(qkv, constants["D"]),
+            # each row read once with its halo, except beside the head groups' norms (its gathers spill there); in
+            # words except at two heads of 17-32 (linvit_tiny's first stage), where they spill 8 B
+            **(
+                {"HALO": 0, "WORDS": False}
+                if constants["TOKEN_NORMS"]
+                else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"], words)
+            ),
             "HAS_BIAS": dwc_bias is not None,
         },  # fmt: skip
         lambda block: (chunks, walk.band_rows + kernel_size - 1),

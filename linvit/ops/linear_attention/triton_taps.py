@@ -71,10 +71,10 @@ def bf16_pairs(values: Tensor, head_dim: int, products: dict, windowed: bool) ->
     return {"BF16_PAIRS": paired and not products["TENSOR_TAPS"] and not windowed}
 
 
-def row_words(values: Tensor, head_dim: int) -> dict:
+def row_words(values: Tensor, head_dim: int) -> bool:
     """WORDS of a rows kernel (`triton_rows.row_and_halo`) reading ``values``: 16-bit values of an even head_dim whose
     rows and images start at whole 32-bit words, which it reads and shifts two channels at a time."""
-    return {"WORDS": values.element_size() == 2 and head_dim % 2 == 0 and _whole_words(values)}
+    return values.element_size() == 2 and head_dim % 2 == 0 and _whole_words(values)
 
 
 def _whole_words(values: Tensor) -> bool:
