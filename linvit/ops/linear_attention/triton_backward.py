@@ -136,7 +136,7 @@ def key_value_grad_kernel(
     HAS_DWC: tl.constexpr, HALF_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr, TOKEN_NORMS: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr,
-    SOFTPLUS: tl.constexpr = False, CONV_GIVEN: tl.constexpr = False,
+    SOFTPLUS: tl.constexpr = False, CONV_GIVEN: tl.constexpr = False, IMAGES: tl.constexpr = 1,
 ):  # fmt: skip
     """dk, dv of the tokens of chunk t of batch element b, and the chunk's partial temperature (keys' share), DWC
     weight and bias gradients (its group's heads; with ``TOKEN_NORMS`` dk as dq in ``query_grad_kernel``). dk goes to
@@ -147,32 +147,25 @@ def key_value_grad_kernel(
     dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
     ``CONV_GIVEN``: that conv is read from conv_ptr ((images, N, C), `triton_rows_backward.value_conv_rows_kernel`'s),
     not gathered here tap by tap, and that kernel writes the bias's partial gradient.
+    ``IMAGES`` 2 (whole maps, a positional table shared by the batch, `triton_launch.paired_images`): the program takes
+    batch elements 2b and 2b + 1 and reads each tile of the table once for both; its partial gradients (summed over
+    both) go to 2b's row, zeros to 2b + 1's.
     """
-    b, t, grid_h, grid_w, image, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
-                                                                    WINDOW_W)  # fmt: skip
+    b0, t, grid_h, grid_w, image0, top, left = tiles.program_element(grid_h, grid_w, windows, windows_w, WINDOW_H,
+                                                                      WINDOW_W)  # fmt: skip
     WINDOWED: tl.constexpr = WINDOW_H > 0
-    k_base = qkv_ptr + image.to(tl.int64) * stride_b + H * D
-    v_base = k_base + H * D
-    do_base = do_ptr + image.to(tl.int64) * do_stride_b
-    conv_base = conv_ptr + image.to(tl.int64) * conv_stride_b
-    dv_base = dqkv_ptr + image.to(tl.int64) * dqkv_stride_b + 2 * H * D
-    # without token norms dk goes to dL/dqkv through its own strides (dqk_ptr is dqkv_ptr there): the row addresses
-    # are then shared with dv's (a second stride cost 2.5 warp-instructions per token at 4×32 by the cost figure)
-    if TOKEN_NORMS:
-        dk_base = dqk_ptr + image.to(tl.int64) * dqk_stride_b + H * D
-        dk_stride_n = dqk_stride_n
-    else:
-        dk_base = dv_base - H * D
-        dk_stride_n = dqkv_stride_n
-    pos_base = pos_ptr + b.to(tl.int64) * pos_stride_b
-    mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
-    norms_base = norms_ptr + image.to(tl.int64) * norms_stride_b  # the keys' (m, ‖â‖², ‖â^p‖²)
+    b0 = b0 * IMAGES
+    image0 = image0 * IMAGES  # with IMAGES > 1 whole maps: the image is the batch element
+    pos_base = pos_ptr + b0.to(tl.int64) * pos_stride_b  # shared by the program's images when IMAGES > 1
     GROUPS: tl.constexpr = (H + H_PAD - 1) // H_PAD
-    cross_base = cross_ptr + image.to(tl.int64) * cross_stride_b + GROUPS + tl.program_id(2)  # the keys' share
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
-    gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
-    gs_t = tl.permute(tiles.state_operand(gs, HALF_DOT), (0, 2, 1))
+    states_t = ()
+    state_z = ()
+    for i in tl.static_range(IMAGES):
+        gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b0 + i, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
+        states_t = states_t + (tl.permute(tiles.state_operand(gs, HALF_DOT), (0, 2, 1)),)
+        state_z = state_z + (gz,)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: a second tile-shaped accumulator spills
     acc_b = tl.zeros([H_PAD, BLOCK_N, D_PAD], tl.float32)  # summed over the tokens once per program (34 per token less)
     start, stop = tiles.chunk_bounds(t, chunk, N)
@@ -181,39 +174,61 @@ def key_value_grad_kernel(
     for row0 in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         rows, places, row_ok, ok = tiles.tile_tokens(row0, stop, top, left, grid_w, map_h, map_w, channel_ok, BLOCK_N,
                                                      WINDOWED)  # fmt: skip
-        keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
-        keep_ok = keep[None, :, None] & channel_ok
-        x = tiles.load_keys(k_base, places, rows, ok, stride_n, pos_base, prefix, channels, inv, H * D, HAS_POS,
-                            False)  # fmt: skip
-        v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
-        dphi = tiles.head_product(v.to(gs_t.dtype), gs_t, H_PAD, DOT_PRECISION) + gz[:, None, :]
-        m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-        phi, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
-                                                  sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
-        tl.store(dk_base + places[None, :, None] * dk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
-        if TOKEN_NORMS:
-            tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
-        acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
-        phi = tl.where(keep_ok, phi, 0.0)
-        # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
-        dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi.to(gs_t.dtype), (0, 2, 1)), H_PAD, DOT_PRECISION),
-                        (0, 2, 1))  # fmt: skip
-        if HAS_DWC and CONV_GIVEN:  # the transposed conv of dL/dout, its share of dL/dv (with the bias's gradient)
-            dv += tiles.load_tile(conv_base, places, ok, H * D, channels)
-        elif HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv, into dv
-            dv, own = tiles.depthwise_conv(
-                dv, do_base, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h, grid_w, top, left, map_h,
-                map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS, TAP_DTYPE, BF16_PAIRS, True,
-                WINDOWED,
-            )  # fmt: skip
-            acc_b += own.to(tl.float32)
-        tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
-    row = grads_ptr + (b * tl.num_programs(1) + t).to(tl.int64) * grads_width
-    _store_row(row, acc_dinv, head0, H, D, H_PAD, D_PAD)
-    if HAS_DWC and not CONV_GIVEN:  # the bias (D,) gradient, after the temperature's C values and the weight's
-        # D·K·K, one share per group
-        bias_row = row + H * D + D * K * K + tl.program_id(2) * D
-        tl.store(bias_row + tl.arange(0, D_PAD), tl.sum(tl.sum(acc_b, axis=1), axis=0), mask=tl.arange(0, D_PAD) < D)
+        position = tiles.key_position(pos_base, rows, ok, prefix, channels, inv, H * D, HAS_POS, False)
+        for i in tl.static_range(IMAGES):
+            image = (image0 + i).to(tl.int64)
+            k_base = qkv_ptr + image * stride_b + H * D
+            v_base = k_base + H * D
+            dv_base = dqkv_ptr + image * dqkv_stride_b + 2 * H * D
+            # without token norms dk goes to dL/dqkv through its own strides (dqk_ptr is dqkv_ptr there): the row
+            # addresses are then shared with dv's (a second stride cost 2.5 warp-instructions per token at 4×32 by the
+            # cost figure)
+            if TOKEN_NORMS:
+                dk_base = dqk_ptr + image * dqk_stride_b + H * D
+                dk_stride_n = dqk_stride_n
+            else:
+                dk_base = dv_base - H * D
+                dk_stride_n = dqkv_stride_n
+            mask_base = mask_ptr + (b0 + i).to(tl.int64) * mask_stride_b
+            keep = tiles.unmasked(row_ok, mask_base, rows, HAS_MASK)
+            keep_ok = keep[None, :, None] & channel_ok
+            x = tiles.load_tile(k_base, places, ok, stride_n, channels) + position
+            v = tiles.load_tile(v_base, places, keep_ok, stride_n, channels)
+            gs_t = states_t[i]
+            dphi = tiles.head_product(v.to(gs_t.dtype), gs_t, H_PAD, DOT_PRECISION) + state_z[i][:, None, :]
+            m, sq_a, sq_y = maps.load_norms(norms_ptr + image * norms_stride_b, places, row_ok, TOKEN_NORMS)
+            phi, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, tl.where(keep_ok, dphi, 0.0), feature_eps, m,
+                                                      sq_a, sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
+            tl.store(dk_base + places[None, :, None] * dk_stride_n + channels, tl.where(keep_ok, dx, 0.0), mask=ok)
+            if TOKEN_NORMS:  # the keys' share of cross
+                cross_base = cross_ptr + image * cross_stride_b + GROUPS + tl.program_id(2)
+                tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
+            acc_dinv += tl.sum(tl.where(keep_ok, dinv, 0.0), axis=1)
+            phi = tl.where(keep_ok, phi, 0.0)
+            # φ gs as (gsᵀ φᵀ)ᵀ: only gsᵀ stays in registers (both layouts of gs spill)
+            dv = tl.permute(tiles.head_product(gs_t, tl.permute(phi.to(gs_t.dtype), (0, 2, 1)), H_PAD, DOT_PRECISION),
+                            (0, 2, 1))  # fmt: skip
+            if HAS_DWC and CONV_GIVEN:  # the transposed conv of dL/dout, its share of dL/dv (with the bias's gradient)
+                dv += tiles.load_tile(conv_ptr + image * conv_stride_b, places, ok, H * D, channels)
+            elif HAS_DWC:  # the transposed conv of dL/dout, its share of dL/dv, into dv
+                dv, own = tiles.depthwise_conv(
+                    dv, do_ptr + image * do_stride_b, mask_base, taps_ptr, row0, stop, do_stride_n, prefix, grid_h,
+                    grid_w, top, left, map_h, map_w, head0, H, D, H_PAD, D_PAD, BLOCK_N, K, False, TENSOR_TAPS,
+                    TAP_DTYPE, BF16_PAIRS, True, WINDOWED,
+                )  # fmt: skip
+                acc_b += own.to(tl.float32)
+            tl.store(dv_base + places[None, :, None] * dqkv_stride_n + channels, tl.where(keep_ok, dv, 0.0), mask=ok)
+    for i in tl.static_range(IMAGES):
+        row = grads_ptr + ((b0 + i) * tl.num_programs(1) + t).to(tl.int64) * grads_width
+        if i > 0:  # the first image's row holds the program's sums
+            acc_dinv = tl.zeros_like(acc_dinv)
+            acc_b = tl.zeros_like(acc_b)
+        _store_row(row, acc_dinv, head0, H, D, H_PAD, D_PAD)
+        if HAS_DWC and not CONV_GIVEN:  # the bias (D,) gradient, after the temperature's C values and the weight's
+            # D·K·K, one share per group
+            bias_row = row + H * D + D * K * K + tl.program_id(2) * D
+            bias = tl.sum(tl.sum(acc_b, axis=1), axis=0)
+            tl.store(bias_row + tl.arange(0, D_PAD), bias, mask=tl.arange(0, D_PAD) < D)
 
 
 @triton.jit

@@ -124,10 +124,7 @@ def _paired_state(
     for row0 in tl.range(start, stop, BLOCK_N):
         rows = row0 + tl.arange(0, BLOCK_N)
         in_chunk = (rows < stop)[None, :, None] & channel_ok
-        position = tiles.load_rows(pos_ptr + rows[None, :, None] * (H * D) + channels, in_chunk, 0.0,
-                                   ROWS_FIRST).to(tl.float32)  # fmt: skip
-        if PRESCALED:
-            position = position * inv
+        position = tiles.key_position(pos_ptr, rows, in_chunk, 0, channels, inv, H * D, True, PRESCALED, ROWS_FIRST)
         summed_s = ()
         summed_z = ()
         counted = ()

@@ -25,7 +25,13 @@ from linvit.ops.linear_attention.triton_geometry import (
     weight_items_per_program,
     weight_taps_per_program,
 )
-from linvit.ops.linear_attention.triton_launch import optional_tensor, position_stride, streams_rows, walk_arguments
+from linvit.ops.linear_attention.triton_launch import (
+    optional_tensor,
+    paired_images,
+    position_stride,
+    streams_rows,
+    walk_arguments,
+)
 from linvit.ops.linear_attention.triton_taps import (
     bf16_pairs,
     dwc_constants,
@@ -143,10 +149,11 @@ def backward_plan(
         {**sizes, **common, **dwc},
         lambda block: (chunks, trips(block)),
     )
+    images_a_program = paired_images(batch, key_position, walked, num_prefix_tokens)
     key_value = Launch(
         "key_value_grad",
         triton_backward.key_value_grad_kernel,
-        (batch, chunks, groups),
+        (batch // images_a_program, chunks, groups),
         {
             **walk_arguments(qkv, chunk, walked),
             **group_args,
@@ -177,8 +184,9 @@ def backward_plan(
             "HAS_POS": key_position is not None,
             "HAS_MASK": mask is not None,
             "CONV_GIVEN": conv is not None,
+            "IMAGES": images_a_program,
         },
-        lambda block: (chunks, trips(block)),
+        lambda block: (chunks,) * images_a_program + (trips(block),),  # a sum of the partials per image
     )
     cross_head = Launch(
         "cross_head_grad",

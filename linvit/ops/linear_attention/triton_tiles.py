@@ -196,14 +196,23 @@ def load_keys(base, places, rows, ok, stride_n, pos_base, prefix, channels, inv,
     """Raw keys of a tile (tokens ``rows``, stored at ``places``) plus the positional term on spatial tokens (scaled
     by inv when the temperature was folded into the projection)."""
     x = load_tile(base, places, ok, stride_n, channels, ROWS_FIRST)
+    return x + key_position(pos_base, rows, ok, prefix, channels, inv, C, HAS_POS, PRESCALED, ROWS_FIRST)
+
+
+@triton.jit
+def key_position(pos_base, rows, ok, prefix, channels, inv, C: tl.constexpr, HAS_POS: tl.constexpr,
+                 PRESCALED: tl.constexpr, ROWS_FIRST: tl.constexpr = False):  # fmt: skip
+    """The positional term of a tile's keys (tokens ``rows``; zero on class tokens and where not ``ok``) in fp32, scaled
+    by inv when the temperature was folded into the projection; 0 without a positional table."""
     if HAS_POS:
         spatial = rows - prefix
         pos_ok = ok & (spatial >= 0)[None, :, None]
         position = load_rows(pos_base + spatial[None, :, None] * C + channels, pos_ok, 0.0, ROWS_FIRST).to(tl.float32)
         if PRESCALED:
             position = position * inv
-        x = x + position
-    return x
+    else:
+        position = 0.0
+    return position
 
 
 @triton.jit
