@@ -639,3 +639,23 @@ def test_key_masks_of_other_dtypes_give_the_same_result_or_a_clear_error(backend
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
         with pytest.raises(TypeError, match="mask > 0.5"):
             linear_attention_qkv(qkv, key_mask=mask.float(), backend=backend, **kwargs)
+
+
+def test_two_batch_elements_share_a_program_only_where_they_share_a_positional_table():
+    """The state and key-gradient kernels take two batch elements a program, reading each tile of the positional
+    table once for both, exactly where that is the same table: one shared by the batch, an even batch, a whole map
+    without class tokens (the kernels' paired path equals the naive reference in the cases above: `focused`, `relu`,
+    `focused_head_dim_64` with its norms pass; the unpaired one in the batched-position, class-token and window
+    cases)."""
+    from linvit.ops.linear_attention.triton_geometry import KernelOptions, geometry
+    from linvit.ops.linear_attention.triton_launch import paired_images
+
+    whole = KernelOptions(8, 8, 2, 0, 3.0, 0, 1e-6, 1e-6)
+    windows = KernelOptions(8, 8, 2, 0, 3.0, 0, 1e-6, 1e-6, 4, 4)
+    shared, batched = torch.zeros(1, 64, 32), torch.zeros(4, 64, 32)
+    assert paired_images(4, shared, geometry(4, 64, whole), 0) == 2
+    assert paired_images(3, shared, geometry(3, 64, whole), 0) == 1  # odd batch
+    assert paired_images(4, batched, geometry(4, 64, whole), 0) == 1  # a table per image
+    assert paired_images(4, None, geometry(4, 64, whole), 0) == 1  # no table to share
+    assert paired_images(4, shared, geometry(4, 65, whole), 1) == 1  # class tokens
+    assert paired_images(4, torch.zeros(1, 16, 32), geometry(4, 64, windows), 0) == 1  # windows
