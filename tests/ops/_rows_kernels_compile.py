@@ -2,7 +2,7 @@
 count and head dim they stream (16-bit, head dims up to 32) and DWC sizes 3, 5 and 7, as the plans launch them at a
 256² map of 8 images, and print one JSON line: the compiled launches and each one's spill, and each failure.
 
-Run as a script in a process of its own (`test_rows_kernels_compile.py`): the test session runs Triton's interpreter,
+Run as a script in a process of its own (`test_gpu_tier_compiles.py`): the test session runs Triton's interpreter,
 under which nothing compiles.
 """
 
