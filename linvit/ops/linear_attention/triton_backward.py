@@ -128,7 +128,7 @@ def key_value_grad_kernel(
     qkv_ptr, pos_ptr, inv_ptr, mask_ptr, norms_ptr, ds_ptr, dz_ptr, count_ptr, taps_ptr, do_ptr, dqk_ptr, dqkv_ptr,
     grads_ptr, cross_ptr, conv_ptr,
     N, stride_b, stride_n, do_stride_b, do_stride_n, dqk_stride_b, dqk_stride_n, dqkv_stride_b, dqkv_stride_n,
-    conv_stride_b,
+    conv_stride_b, state_chunks,
     pos_stride_b, mask_stride_b, norms_stride_b, cross_stride_b, prefix, chunk, grads_width, grid_h, grid_w,
     feature_eps, map_h, map_w, windows, windows_w, N_BUCKET,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -144,7 +144,9 @@ def key_value_grad_kernel(
     columns 2C … 3C of dqkv_ptr.
 
     gs, gz: dL/dS and dL/dz over the number of kept keys (S and z are means), so that for a kept key
-    dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout).
+    dL/dφ(k) = v gsᵀ + gz and dL/dv = φ(k) gs (+ the transposed conv of dL/dout), from ``state_chunks`` partial sums
+    an image at ds_ptr, dz_ptr, count_ptr: query_grad's chunks, or one slot of their sums
+    (`triton_rows_backward.value_conv_rows_kernel` adds them once an image where it runs).
     ``CONV_GIVEN``: that conv is read from conv_ptr ((images, N, C), `triton_rows_backward.value_conv_rows_kernel`'s),
     not gathered here tap by tap, and that kernel writes the bias's partial gradient.
     ``IMAGES`` 2 (whole maps, a positional table shared by the batch, `triton_launch.paired_images`): the program takes
@@ -163,7 +165,7 @@ def key_value_grad_kernel(
     states_t = ()
     state_z = ()
     for i in tl.static_range(IMAGES):
-        gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b0 + i, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
+        gs, gz = tiles.reduced_state(ds_ptr, dz_ptr, count_ptr, b0 + i, state_chunks, head0, H, D, H_PAD, D_PAD)
         states_t = states_t + (tl.permute(tiles.state_operand(gs, HALF_DOT), (0, 2, 1)),)
         state_z = state_z + (gz,)
     acc_dinv = tl.zeros([H_PAD, D_PAD], tl.float32)  # reduced per tile: a second tile-shaped accumulator spills

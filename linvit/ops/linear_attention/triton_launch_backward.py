@@ -120,8 +120,14 @@ def backward_plan(
     }
     # where the map is streamed in rows, the transposed DWC of dL/dout comes from a rows kernel (key_value_grad adds it)
     value_conv, conv = None, None
+    # the dS, dz partials that key_value_grad reads: query_grad's chunks, or where the transposed conv's kernel runs
+    # between the two, one slot an image of their sums, which it adds up once
+    key_states = (partial_ds, partial_dz, partial_count)
     if conv_walk is not None:
-        value_conv, conv = _value_conv(grad_out, dwc_weight, key_grads, key_width, sizes, conv_walk, options)
+        summed = tuple(torch.empty_like(part[:, :1]) for part in (partial_ds, partial_dz, partial_count))
+        value_conv, conv = _value_conv(grad_out, dwc_weight, key_grads, key_width, sizes, conv_walk, options,
+                                       key_states, summed)  # fmt: skip
+        key_states = summed
     out_grad_args = {"do_ptr": grad_out, "do_stride_b": grad_out.stride(0), "do_stride_n": grad_out.stride(1)}
     grad_args = {"dqkv_ptr": grad_qkv, "dqkv_stride_b": grad_qkv.stride(0), "dqkv_stride_n": grad_qkv.stride(1)}
     dqk_args = {"dqk_ptr": dqk, "dqk_stride_b": dqk.stride(0), "dqk_stride_n": dqk.stride(1)}
@@ -167,9 +173,10 @@ def backward_plan(
             "mask_ptr": optional_tensor(mask, qkv),
             "conv_ptr": optional_tensor(conv, qkv),
             "conv_stride_b": 0 if conv is None else conv.stride(0),
-            "ds_ptr": partial_ds,
-            "dz_ptr": partial_dz,
-            "count_ptr": partial_count,
+            "ds_ptr": key_states[0],
+            "dz_ptr": key_states[1],
+            "count_ptr": key_states[2],
+            "state_chunks": key_states[2].shape[1],
             "taps_ptr": taps,
             "grads_ptr": key_grads,
             "pos_stride_b": position_stride(key_position),
@@ -188,7 +195,8 @@ def backward_plan(
             "CONV_GIVEN": conv is not None,
             "IMAGES": images_a_program,
         },
-        lambda block: (chunks,) * images_a_program + (trips(block),),  # a sum of the partials per image
+        # a sum of the partials per image (Triton compiles a run-time 1 as a constant: one slot is no loop)
+        lambda block: (key_states[2].shape[1],) * (images_a_program * (key_states[2].shape[1] > 1)) + (trips(block),),
     )
     cross_head = Launch(
         "cross_head_grad",
@@ -284,10 +292,12 @@ def sums_positions(key_position: Tensor | None, options: KernelOptions) -> bool:
 
 def _value_conv(
     grad_out: Tensor, dwc_weight: Tensor, key_grads: Tensor, key_width: int, sizes: dict, walk: RowWalk,
-    options: KernelOptions,
+    options: KernelOptions, partials: tuple[Tensor, Tensor, Tensor], summed: tuple[Tensor, Tensor, Tensor],
 ) -> tuple[Launch, Tensor]:  # fmt: skip
     """`triton_rows_backward.value_conv_rows_kernel`'s launch (strips in bands, ``walk``) and the transposed conv it
-    writes, (images, H·W, C) in dL/dout's dtype; the bias's partials go to its program's row of key_grads."""
+    writes, (images, H·W, C) in dL/dout's dtype; the bias's partials go to its program's row of key_grads, and the
+    sums of query_grad's ``partials`` (dS, dz, counts) over each image's chunks to ``summed``."""
+    chunks = partials[2].shape[1]
     images, map_h, map_w = grad_out.shape[0], options.grid_h, options.grid_w
     conv = torch.empty(images, map_h * map_w, grad_out.shape[-1], dtype=grad_out.dtype, device=grad_out.device)
     kernel_size = dwc_weight.shape[-1]
@@ -300,6 +310,12 @@ def _value_conv(
             "w_ptr": dwc_weight,
             "conv_ptr": conv,
             "grads_ptr": key_grads,
+            "ds_ptr": partials[0],
+            "dz_ptr": partials[1],
+            "count_ptr": partials[2],
+            "sum_ds_ptr": summed[0],
+            "sum_dz_ptr": summed[1],
+            "sum_count_ptr": summed[2],
             "do_stride_b": grad_out.stride(0),
             "do_stride_n": grad_out.stride(1),
             "grads_width": key_width,
@@ -307,6 +323,7 @@ def _value_conv(
             "band_rows": walk.band_rows,
             "map_h": map_h,
             "map_w": map_w,
+            "chunks": chunks,
         },
         {
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
@@ -315,7 +332,8 @@ def _value_conv(
             **row_halo(kernel_size, sizes["H_PAD"], sizes["D_PAD"], triton_taps.row_words(grad_out, sizes["D"])),
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
         },
-        lambda block: (walk.band_rows + kernel_size - 1,),
+        # the band's rows, and the partials' sum in one program of each image's strips and bands: their mean trips
+        lambda block: (walk.band_rows + kernel_size - 1, chunks / (walk.strips * walk.bands)),
         tuned=False,
         num_warps=ROW_WARPS,
     )

@@ -124,8 +124,8 @@ def _stacked(tiles, FLAT: tl.constexpr, BLOCK_D: tl.constexpr, SHIFTS: tl.conste
 
 @triton.jit
 def value_conv_rows_kernel(
-    do_ptr, w_ptr, conv_ptr, grads_ptr,
-    do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w,
+    do_ptr, w_ptr, conv_ptr, grads_ptr, ds_ptr, dz_ptr, count_ptr, sum_ds_ptr, sum_dz_ptr, sum_count_ptr,
+    do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w, chunks,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
     K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
@@ -137,7 +137,10 @@ def value_conv_rows_kernel(
     at the benchmark shape, most of that kernel's bytes). And the DWC bias's partial gradient, Σ dL/dout over the
     program's tokens (each row of its band is read there anyway), into row ``program_id(0) · num_programs(1) +
     program_id(1)`` of grads_ptr, its group's share of the bias columns (after the H·D temperature and D·K·K weight
-    columns), as key_value_grad writes them on the tiled path."""
+    columns), as key_value_grad writes them on the tiled path. And the first program of each image and head group adds
+    up query_grad's ``chunks`` partial dS, dz and kept-key counts of the image once, into its slot of sum_ds_ptr,
+    sum_dz_ptr, sum_count_ptr, which key_value_grad then reads instead of every partial in each of its programs (256 B
+    a token at the benchmark shape); a kernel between the two, so no atomics order them."""
     b = tl.program_id(0)
     strip = tl.program_id(1) % strips
     top = (tl.program_id(1) // strips) * band_rows
@@ -163,3 +166,9 @@ def value_conv_rows_kernel(
     grads_row = grads_ptr + (b * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * grads_width
     bias_columns = grads_row + H * D + D * K * K + tl.program_id(2) * D + tl.arange(0, D_PAD)
     tl.store(bias_columns, tl.sum(bias, axis=0), mask=tl.arange(0, D_PAD) < D)
+    if tl.program_id(1) == 0:
+        head0 = tiles.first_head(H, H_PAD)
+        s, z, kept = tiles.summed_state(ds_ptr, dz_ptr, count_ptr, b, chunks, head0, H, D, H_PAD, D_PAD)
+        tiles.store_state(sum_ds_ptr, sum_dz_ptr, b.to(tl.int64), s, z, head0, H, D, H_PAD, D_PAD)
+        if head0 == 0:  # every group counts the same keys
+            tl.store(sum_count_ptr + b, kept)

@@ -248,9 +248,19 @@ def state_operand(s, HALF_DOT: tl.constexpr):
 
 @triton.jit
 def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H: tl.constexpr, D: tl.constexpr,
-                   H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+                  H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
     """S (H_PAD, D_PAD, D_PAD) and z (H_PAD, D_PAD) of the heads head0 … of batch element b: the partial sums of its
     chunks added in a fixed order (deterministic), over the number of kept keys (the mean form)."""
+    s, z, kept = summed_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H, D, H_PAD, D_PAD)
+    scale = 1.0 / tl.maximum(kept, 1.0)
+    return s * scale, z * scale
+
+
+@triton.jit
+def summed_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H: tl.constexpr, D: tl.constexpr,
+                 H_PAD: tl.constexpr, D_PAD: tl.constexpr):  # fmt: skip
+    """The sums of batch element b's partial S, z and kept-key counts over its chunks, in a fixed order (one chunk
+    of such sums gives :func:`reduced_state` the same values)."""
     heads = head0 + tl.arange(0, H_PAD)[:, None, None]
     rows = tl.arange(0, D_PAD)[None, :, None]
     cols = tl.arange(0, D_PAD)[None, None, :]
@@ -267,8 +277,7 @@ def reduced_state(s_ptr, z_ptr, count_ptr, b, num_chunks, head0, H: tl.constexpr
         s += tl.load(s_ptr + slot * (H * D * D) + square, mask=square_ok, other=0.0)
         z += tl.load(z_ptr + slot * (H * D) + vector, mask=vector_ok, other=0.0)
         kept += tl.load(count_ptr + slot)
-    scale = 1.0 / tl.maximum(kept, 1.0)
-    return s * scale, z * scale
+    return s, z, kept
 
 
 @triton.jit
