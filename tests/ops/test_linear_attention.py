@@ -641,14 +641,16 @@ def test_key_masks_of_other_dtypes_give_the_same_result_or_a_clear_error(backend
             linear_attention_qkv(qkv, key_mask=mask.float(), backend=backend, **kwargs)
 
 
+@needs_triton
 def test_two_batch_elements_share_a_program_only_where_they_share_a_positional_table():
     """The state and key-gradient kernels take two batch elements a program, reading each tile of the positional
     table once for both, exactly where that is the same table: one shared by the batch, an even batch, a whole map
-    without class tokens (the kernels' paired path equals the naive reference in the cases above: `focused`, `relu`,
-    `focused_head_dim_64` with its norms pass; the unpaired one in the batched-position, class-token and window
-    cases)."""
+    without class tokens; the key kernel only up to head dim 32 (its two states spill from 64). The paired kernels
+    equal the naive reference in the cases above (`focused`, `relu`; `focused_head_dim_64` with its norms pass, the
+    state kernel paired), the unpaired ones in the batched-position, class-token and window cases."""
     from linvit.ops.linear_attention.triton_geometry import KernelOptions, geometry
-    from linvit.ops.linear_attention.triton_launch import paired_images
+    from linvit.ops.linear_attention.triton_launch import forward_plan, paired_images
+    from linvit.ops.linear_attention.triton_launch_backward import backward_plan
 
     whole = KernelOptions(8, 8, 2, 0, 3.0, 0, 1e-6, 1e-6)
     windows = KernelOptions(8, 8, 2, 0, 3.0, 0, 1e-6, 1e-6, 4, 4)
@@ -659,3 +661,16 @@ def test_two_batch_elements_share_a_program_only_where_they_share_a_positional_t
     assert paired_images(4, None, geometry(4, 64, whole), 0) == 1  # no table to share
     assert paired_images(4, shared, geometry(4, 65, whole), 1) == 1  # class tokens
     assert paired_images(4, torch.zeros(1, 16, 32), geometry(4, 64, windows), 0) == 1  # windows
+    # the plans (meta tensors: 8 images of 4 heads on a 64² map sharing a table) launch them so: half the batch on
+    # the grid's first axis
+    for head_dim, key_images in ((32, 2), (64, 1)):
+        meta = {"device": "meta"}
+        qkv = torch.empty(8, 64 * 64, 3 * 4 * head_dim, dtype=torch.bfloat16, **meta)
+        table, weight = torch.empty(1, 64 * 64, 4 * head_dim, **meta), torch.empty(head_dim, 1, 5, 5, **meta)
+        options = KernelOptions(64, 64, 4, 0, 3.0, 0, 1e-6, 1e-6)
+        forward, out, partials = forward_plan(qkv, None, table, weight, None, None, options, False, 132)
+        backward, *_ = backward_plan(out, qkv, partials, None, table, weight, None, options, 132, position_grad=True)
+        launched = {launch.name: launch for launch in forward + backward}
+        assert launched["state"].constants["IMAGES"] == 2 and launched["state"].grid[0] == 4
+        assert launched["key_value_grad"].constants["IMAGES"] == key_images
+        assert launched["key_value_grad"].grid[0] == 8 // key_images

@@ -10,10 +10,11 @@ before ``key_value_grad_kernel``, which then reads it):
   With head groups it holds some heads: it writes dq without the cross-head term to a buffer of its own (with dk),
   and its share of each token's cross-head sum; ``cross_head_grad_kernel`` writes dq and dk with that term once both
   gradient kernels are done.
-- ``key_value_grad_kernel`` (grid batch × chunk × head group): sums the partial dL/dS, dL/dz, then per tile of
-  keys dL/dk and dL/dv (through S, and through the depthwise conv: its transpose, each tap of dL/dout gathered once
-  for all channels), and the chunk's partial temperature and DWC bias gradients, accumulated in registers and
-  reduced once per program.
+- ``key_value_grad_kernel`` (grid batch × chunk × head group; two batch elements a program where they share the
+  positional table, up to head dim 32): sums the partial dL/dS, dL/dz (or reads their sums, added once an image by
+  the transposed conv's rows kernel), then per tile of keys dL/dk and dL/dv (through S, and through the depthwise
+  conv: its transpose, each tap of dL/dout gathered once for all channels, or that rows kernel's), and the chunk's
+  partial temperature and DWC bias gradients, accumulated in registers and reduced once per program.
 - ``dwc_weight_grad_kernel`` (grid items × taps): the DWC weight's gradient Σ v · dL/dout(shifted), one to three taps
   per program sharing each tile of v, each from a tensor-core product of the raw tiles accumulated over the program's
   items, whose diagonal is taken once (a reduction per tap and tile inside the key kernel cost more than the rest of

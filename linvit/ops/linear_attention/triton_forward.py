@@ -11,7 +11,8 @@ three for the focused map with head groups:
 - ``token_norms_kernel`` (head groups, focused map only): each token's m, ‖â‖², ‖â^p‖² over all C channels of its
   key (with the positional term) and its query, which the head-group programs cannot see;
 - ``state_kernel``: the partial S = Σ φ(k) vᵀ (H × D × D, one batched tensor-core product per tile with fp32
-  accumulation), z = Σ φ(k) and the number of kept keys of one chunk;
+  accumulation), z = Σ φ(k) and the number of kept keys of one chunk (of two batch elements where they share the
+  positional table: `triton_launch.paired_images`);
 - ``output_kernel``: sums the partials of its batch element in a fixed order (deterministic) and scales them by the
   number of kept keys, then for each tile φ(q)·S / (φ(q)·z + eps) (the numerator a tensor-core product, the
   normaliser an fp32 sum) plus the depthwise conv of v (`triton_tiles.depthwise_conv`: each tap gathered once for

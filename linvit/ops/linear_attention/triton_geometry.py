@@ -262,7 +262,8 @@ class RowWalk(NamedTuple):
 
     @property
     def strip_bands(self) -> int:
-        """Its (strip, band) pieces over the images: the programs of one head group (and one tap, for the weight's)."""
+        """Its (strip, band) pieces over the images: the programs of one head group (and one block of channels, for
+        the weight's gradient)."""
         return self.images * self.strips * self.bands
 
 

@@ -118,10 +118,10 @@ def backward_plan(
         "norms_stride_b": map_tokens * NORMS_PER_TOKEN.value,
         "cross_stride_b": map_tokens * 2 * groups,
     }
-    # where the map is streamed in rows, the transposed DWC of dL/dout comes from a rows kernel (key_value_grad adds it)
+    # where the map is streamed in rows, the transposed DWC of dL/dout comes from a rows kernel (key_value_grad adds
+    # it); the dS, dz partials that key_value_grad reads are query_grad's chunks, or where that kernel runs between
+    # the two, one slot an image of their sums, which it adds up once
     value_conv, conv = None, None
-    # the dS, dz partials that key_value_grad reads: query_grad's chunks, or where the transposed conv's kernel runs
-    # between the two, one slot an image of their sums, which it adds up once
     key_states = (partial_ds, partial_dz, partial_count)
     if conv_walk is not None:
         summed = tuple(torch.empty_like(part[:, :1]) for part in (partial_ds, partial_dz, partial_count))
@@ -158,6 +158,7 @@ def backward_plan(
     # two batch elements a program up to head dim 32: from 64 their two d × d states spill (8 B at 3×64 in every
     # configuration) or leave only slow configurations (FLatten-PVTv2-b1's stage 2: 0.42 -> 0.61 ms by the figure)
     images_a_program = paired_images(batch, key_position, walked, num_prefix_tokens) if sizes["D_PAD"] <= 32 else 1
+    state_chunks = key_states[2].shape[1]
     key_value = Launch(
         "key_value_grad",
         triton_backward.key_value_grad_kernel,
@@ -176,7 +177,7 @@ def backward_plan(
             "ds_ptr": key_states[0],
             "dz_ptr": key_states[1],
             "count_ptr": key_states[2],
-            "state_chunks": key_states[2].shape[1],
+            "state_chunks": state_chunks,
             "taps_ptr": taps,
             "grads_ptr": key_grads,
             "pos_stride_b": position_stride(key_position),
@@ -195,8 +196,7 @@ def backward_plan(
             "CONV_GIVEN": conv is not None,
             "IMAGES": images_a_program,
         },
-        # a sum of the partials per image (Triton compiles a run-time 1 as a constant: one slot is no loop)
-        lambda block: (key_states[2].shape[1],) * (images_a_program * (key_states[2].shape[1] > 1)) + (trips(block),),
+        lambda block: _summing_loops(state_chunks) * images_a_program + (trips(block),),  # a sum per image
     )
     cross_head = Launch(
         "cross_head_grad",
@@ -283,6 +283,12 @@ def backward_plan(
     return launches + [total], grad_qkv, small_grads, grad_position
 
 
+def _summing_loops(chunks: int, programs_per_sum: int = 1) -> tuple[float, ...]:
+    """The mean trips a program of a loop over ``chunks`` partial slots, one program in ``programs_per_sum`` running
+    it (the cost figure's trip counts): none for one slot, which Triton compiles as a constant and the loop away."""
+    return (chunks / programs_per_sum,) if chunks > 1 else ()
+
+
 def sums_positions(key_position: Tensor | None, options: KernelOptions) -> bool:
     """Whether the backward's last kernel sums the positional table's gradient over the batch (`triton_backward.
     _sum_positions`): a table shared by the batch, on a whole map (in windows the keys' gradient is first laid out per
@@ -333,7 +339,7 @@ def _value_conv(
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
         },
         # the band's rows, and the partials' sum in one program of each image's strips and bands: their mean trips
-        lambda block: (walk.band_rows + kernel_size - 1, chunks / (walk.strips * walk.bands)),
+        lambda block: (walk.band_rows + kernel_size - 1,) + _summing_loops(chunks, walk.strips * walk.bands),
         tuned=False,
         num_warps=ROW_WARPS,
     )
@@ -415,7 +421,7 @@ def _streamed_weight_grad(
     program per block of WEIGHT_ROW_CHANNELS channels) and the rows of partials it writes, one per strip, band, image
     and head group (each block of channels its own columns)."""
     sizes = kernel_sizes(qkv.shape[-1] // 3, options.num_heads, qkv.dtype)
-    kernel_size = dwc_kernel_size
+    kernel_size, block_d = dwc_kernel_size, min(WEIGHT_ROW_CHANNELS, sizes["D_PAD"])
     launch = Launch(
         "dwc_weight_rows",
         triton_rows_backward.dwc_weight_rows_kernel,
@@ -441,15 +447,10 @@ def _streamed_weight_grad(
             "H": options.num_heads,
             "D": sizes["D"],
             "H_PAD": walk.heads_pad,
-            "BLOCK_D": min(WEIGHT_ROW_CHANNELS, sizes["D_PAD"]),
+            "BLOCK_D": block_d,
             "STRIP": walk.strip,
             "K": kernel_size,
-            **row_halo(
-                kernel_size,
-                walk.heads_pad,
-                min(WEIGHT_ROW_CHANNELS, sizes["D_PAD"]),
-                triton_taps.row_words(qkv, sizes["D"]),
-            ),
+            **row_halo(kernel_size, walk.heads_pad, block_d, triton_taps.row_words(qkv, sizes["D"])),
             "HAS_MASK": mask is not None,
             "HALF_DOT": qkv.dtype != torch.float32 and not interpreting(),
             "DOT_PRECISION": sizes["DOT_PRECISION"],
