@@ -35,10 +35,12 @@ __all__ = ["conv_row", "empty_ring", "output_rows_kernel", "row_and_halo", "shif
 def tap_matrices(w_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr, TAP_DTYPE: tl.constexpr,
                  FLIPPED: tl.constexpr):  # fmt: skip
     """The taps' diagonal weight matrices as :func:`conv_row` multiplies them, built once a program (they stay in
-    shared memory for the band): for each dx the pairs of taps (K-1-k, K-2-k) of even k, interleaved (column 2d + i:
-    tap K-1-k-i), then tap (0, dx) alone. A product per pair halves the products and the shared-memory operands (25
-    distinct ones spilled: each holds a descriptor). ``FLIPPED``: tap (dy, dx) is the weight's (K-1-dy, K-1-dx), the
-    transposed conv's."""
+    shared memory for the band): for each dx the pairs of taps (K-1-k, K-2-k) of even k, side by side (column
+    i·D_PAD + d: tap K-1-k-i), then tap (0, dx) alone. A product per pair halves the products and the shared-memory
+    operands (25 distinct ones spilled: each holds a descriptor). Side by side, each half of a pair's accumulator
+    holds its registers as a lone tap's does, so the ring's rows pass between the pair and lone products without
+    moving (interleaved, column 2d + i, they were shuffled: the output kernel issued 300 warp-instructions a token at
+    the benchmark shape, 271 so). ``FLIPPED``: tap (dy, dx) is the weight's (K-1-dy, K-1-dx), the transposed conv's."""
     lanes = tl.arange(0, D_PAD)[None, :]
     diagonal = tl.arange(0, D_PAD)[:, None] == lanes
     pairs = ()
@@ -47,7 +49,7 @@ def tap_matrices(w_ptr, D: tl.constexpr, D_PAD: tl.constexpr, K: tl.constexpr, T
         for k in tl.static_range(0, K - 1, 2):
             upper = tl.load(w_ptr + lanes * (K * K) + _tap(K - 1 - k, dx, K, FLIPPED), mask=lanes < D, other=0.0)
             lower = tl.load(w_ptr + lanes * (K * K) + _tap(K - 2 - k, dx, K, FLIPPED), mask=lanes < D, other=0.0)
-            pair = tl.join(tl.where(diagonal, upper, 0.0), tl.where(diagonal, lower, 0.0))
+            pair = tl.permute(tl.join(tl.where(diagonal, upper, 0.0), tl.where(diagonal, lower, 0.0)), (0, 2, 1))
             pairs = pairs + (tl.reshape(pair, (D_PAD, 2 * D_PAD)).to(TAP_DTYPE),)
         top_tap = tl.load(w_ptr + lanes * (K * K) + _tap(0, dx, K, FLIPPED), mask=lanes < D, other=0.0)
         taps = taps + (tl.where(diagonal, top_tap, 0.0).to(TAP_DTYPE),)
@@ -108,9 +110,9 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
             centre = values
         added = ()
         for k in tl.static_range(0, K - 1, 2):  # two output rows per product: a pair of taps' diagonals
-            both = tl.reshape(tl.join(sums[k], sums[k + 1]), (FLAT, 2 * D_PAD))
+            both = tl.reshape(tl.permute(tl.join(sums[k], sums[k + 1]), (0, 2, 1)), (FLAT, 2 * D_PAD))
             both = tl.dot(values.to(TAP_DTYPE), pairs[dx * (K // 2) + k // 2], both)
-            earlier, later = tl.split(tl.reshape(both, (FLAT, D_PAD, 2)))
+            earlier, later = tl.split(tl.permute(tl.reshape(both, (FLAT, 2, D_PAD)), (0, 2, 1)))
             added = added + (earlier, later)
         added = added + (tl.dot(values.to(TAP_DTYPE), taps[dx], sums[K - 1]),)
         sums = added
@@ -214,7 +216,7 @@ def output_rows_kernel(
         x = tiles.load_tile(q_base, places, ok, stride_n, channels)
         m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
         phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
-        phi = tl.where(ok, phi, 0.0)
+        # no zeros where not ok: S and z are 0 in padded channels, and rows past the band are not stored
         num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
         den = tl.sum(phi * z[:, None, :], axis=2) + eps
         out = num * (1.0 / den)[:, :, None] + bias + tl.reshape(sums[0], (H_PAD, STRIP, D_PAD))
