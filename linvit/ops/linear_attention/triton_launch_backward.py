@@ -47,6 +47,10 @@ SUM_ROWS = 8  # rows it adds per step
 POSITION_ELEMENTS = 4096  # a program's tile of the positional table's gradient: 32 tokens at C = 128
 WEIGHT_ROW_HEADS = 4  # heads a program of the streamed DWC weight gradient holds (8 spilled: 6×32 by the cost figure)
 WEIGHT_ROW_CHANNELS = 16  # channels a program of it holds: its products' diagonals, 16 the tensor cores' least
+# channels of a head a program of the streamed transposed conv (value_conv_rows) holds: its taps' diagonal products do
+# 16× the conv's multiply-adds, where all 32 of a head did 32× (at the benchmark shape it was bound by them: 0.112 ms
+# by the cost figure, 0.072 so, bound by its issue)
+CONV_BLOCK = 16
 
 
 def backward_plan(
@@ -102,7 +106,7 @@ def backward_plan(
     conv_walk = None
     if streamed is not None:  # the transposed conv's walk: the forward output's
         conv_walk = row_walk(images, options.grid_h, options.grid_w, num_heads, sizes["H_PAD"], qkv.device,
-                             multiprocessors)  # fmt: skip
+                             multiprocessors, conv_programs(num_heads, sizes))  # fmt: skip
     bias_rows = batch * chunks if conv_walk is None else conv_walk.strip_bands
     key_grads = torch.empty(max(batch * chunks, weight_rows, bias_rows), key_width, **floats)
     small_grads = torch.empty(width, **floats)
@@ -296,6 +300,11 @@ def sums_positions(key_position: Tensor | None, options: KernelOptions) -> bool:
     return key_position is not None and key_position.shape[0] == 1 and not options.window_h
 
 
+def conv_programs(num_heads: int, sizes: dict) -> int:
+    """value_conv_rows's programs a (strip, band) piece of an image: a head group's blocks of CONV_BLOCK channels."""
+    return triton.cdiv(num_heads, sizes["H_PAD"]) * (sizes["D_PAD"] // min(sizes["D_PAD"], CONV_BLOCK))
+
+
 def _value_conv(
     grad_out: Tensor, dwc_weight: Tensor, key_grads: Tensor, key_width: int, sizes: dict, walk: RowWalk,
     options: KernelOptions, partials: tuple[Tensor, Tensor, Tensor], summed: tuple[Tensor, Tensor, Tensor],
@@ -307,10 +316,12 @@ def _value_conv(
     images, map_h, map_w = grad_out.shape[0], options.grid_h, options.grid_w
     conv = torch.empty(images, map_h * map_w, grad_out.shape[-1], dtype=grad_out.dtype, device=grad_out.device)
     kernel_size = dwc_weight.shape[-1]
+    block_d = min(sizes["D_PAD"], CONV_BLOCK)
+    blocks = sizes["D_PAD"] // block_d
     launch = Launch(
         "value_conv_rows",
         triton_rows_backward.value_conv_rows_kernel,
-        (images, walk.strips * walk.bands, walk.groups),
+        (images, walk.strips * walk.bands, conv_programs(options.num_heads, sizes)),
         {
             "do_ptr": grad_out,
             "w_ptr": dwc_weight,
@@ -333,13 +344,14 @@ def _value_conv(
         },
         {
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
+            "BLOCK_D": block_d,
             "STRIP": walk.strip,
             "K": kernel_size,
-            **row_halo(kernel_size, sizes["H_PAD"], sizes["D_PAD"], triton_taps.row_words(grad_out, sizes["D"])),
+            **row_halo(kernel_size, sizes["H_PAD"], block_d, triton_taps.row_words(grad_out, sizes["D"])),
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
         },
-        # the band's rows, and the partials' sum in one program of each image's strips and bands: their mean trips
-        lambda block: (walk.band_rows + kernel_size - 1,) + _summing_loops(chunks, walk.strips * walk.bands),
+        # the band's rows, and the partials' sum in one program of each image's strips, bands and blocks: mean trips
+        lambda block: (walk.band_rows + kernel_size - 1,) + _summing_loops(chunks, walk.strips * walk.bands * blocks),
         tuned=False,
         num_warps=ROW_WARPS,
     )

@@ -126,12 +126,14 @@ def _stacked(tiles, FLAT: tl.constexpr, BLOCK_D: tl.constexpr, SHIFTS: tl.conste
 def value_conv_rows_kernel(
     do_ptr, w_ptr, conv_ptr, grads_ptr, ds_ptr, dz_ptr, count_ptr, sum_ds_ptr, sum_dz_ptr, sum_count_ptr,
     do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w, chunks,
-    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, STRIP: tl.constexpr,
-    K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    STRIP: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, TAP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """dL/dout's transposed DWC, dL/dv's share through the conv: Σ_tap w[tap] · dL/dout[token - offset(tap)], for
     the tokens of strip ``program_id(1) % strips`` of band ``program_id(1) // strips`` of image ``program_id(0)``
-    (its group's heads), into conv_ptr ((images, H·W, C), contiguous, qkv's dtype), which key_value_grad adds to
+    and channels c·BLOCK_D … c·BLOCK_D + BLOCK_D - 1 of each head of group g (``program_id(2)`` = g · D_PAD /
+    BLOCK_D + c: the taps' diagonal products of a block of 16 do 16× the conv's multiply-adds, of a whole head of 32
+    32×), into conv_ptr ((images, H·W, C), contiguous, qkv's dtype), which key_value_grad adds to
     dL/dv and zeroes at masked keys. The forward's streamed conv (`triton_rows.conv_row`) with the taps flipped:
     each row of dL/dout read once with its halo, where the tiled key kernel gathers it once per tap (6.4 KB per token
     at the benchmark shape, most of that kernel's bytes). And the DWC bias's partial gradient, Σ dL/dout over the
@@ -145,29 +147,34 @@ def value_conv_rows_kernel(
     strip = tl.program_id(1) % strips
     top = (tl.program_id(1) // strips) * band_rows
     bottom = tl.minimum(top + band_rows, map_h)
-    channels, channel_ok = tiles.tile_channels(tiles.first_head(H, H_PAD), H, D, H_PAD, D_PAD)
+    BLOCKS: tl.constexpr = D_PAD // BLOCK_D
+    group = tl.program_id(2) // BLOCKS
+    first = (tl.program_id(2) % BLOCKS) * BLOCK_D  # the block's first channel of a head
+    heads = group * H_PAD + tl.arange(0, H_PAD)[:, None, None]
+    dims = first + tl.arange(0, BLOCK_D)[None, None, :]
+    channels, channel_ok = heads * D + dims, (heads < H) & (dims < D)
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     conv_base = conv_ptr + b.to(tl.int64) * map_h * map_w * (H * D)  # 64-bit before the product: large maps
-    pairs, taps = triton_rows.tap_matrices(w_ptr, D, D_PAD, K, TAP_DTYPE, True)
+    pairs, taps = triton_rows.tap_matrices(w_ptr + first * (K * K), D - first, BLOCK_D, K, TAP_DTYPE, True)
     columns = strip * STRIP + tl.arange(0, STRIP)
     R: tl.constexpr = K // 2
-    ring = triton_rows.empty_ring(H_PAD, STRIP, D_PAD, K)
-    bias = tl.zeros([H_PAD * STRIP, D_PAD], tl.float32)  # summed over the tokens once, at the end
+    ring = triton_rows.empty_ring(H_PAD, STRIP, BLOCK_D, K)
+    bias = tl.zeros([H_PAD * STRIP, BLOCK_D], tl.float32)  # summed over the tokens once, at the end
     for j in tl.range(top - R, bottom + R):
         sums, row_values = triton_rows.conv_row(ring, pairs, taps, do_base, do_base, j, strip * STRIP, channels,
-                                                channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, D_PAD, K, HALO,
+                                                channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, BLOCK_D, K, HALO,
                                                 False, TAP_DTYPE, WORDS)  # fmt: skip
         bias += tl.where((j >= top) & (j < bottom), row_values.to(tl.float32), 0.0)  # the band's own rows
         row = j - R  # complete
         ok = ((columns < map_w) & (row >= top))[None, :, None] & channel_ok
-        conv = tl.reshape(sums[0], (H_PAD, STRIP, D_PAD))
+        conv = tl.reshape(sums[0], (H_PAD, STRIP, BLOCK_D))
         tl.store(conv_base + (row * map_w + columns)[None, :, None] * (H * D) + channels, conv, mask=ok)
         ring = sums[1:]
     grads_row = grads_ptr + (b * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * grads_width
-    bias_columns = grads_row + H * D + D * K * K + tl.program_id(2) * D + tl.arange(0, D_PAD)
-    tl.store(bias_columns, tl.sum(bias, axis=0), mask=tl.arange(0, D_PAD) < D)
-    if tl.program_id(1) == 0:
-        head0 = tiles.first_head(H, H_PAD)
+    lanes = first + tl.arange(0, BLOCK_D)
+    tl.store(grads_row + H * D + D * K * K + group * D + lanes, tl.sum(bias, axis=0), mask=lanes < D)
+    if (tl.program_id(1) == 0) & (first == 0):
+        head0 = group * H_PAD
         s, z, kept = tiles.summed_state(ds_ptr, dz_ptr, count_ptr, b, chunks, head0, H, D, H_PAD, D_PAD)
         tiles.store_state(sum_ds_ptr, sum_dz_ptr, b.to(tl.int64), s, z, head0, H, D, H_PAD, D_PAD)
         if head0 == 0:  # every group counts the same keys
