@@ -103,8 +103,9 @@ def query_grad_kernel(
         dnum = g * inv_den[:, :, None]
         dden = -tl.sum(dnum * num, axis=2) * inv_den
         dphi = tiles.head_product(dnum.to(s.dtype), s_t, H_PAD, DOT_PRECISION) + dden[:, :, None] * z[:, None, :]
-        _, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, tl.where(ok, dphi, 0.0), feature_eps, m, sq_a,
-                                                sq_y, MAP, POWER, TOKEN_NORMS)  # fmt: skip
+        # dL/dout is 0 where not ok, and so are dphi, dx and dinv (S and z are 0 in padded channels)
+        _, dx, dinv, cross = maps.feature_grad(x, inv, channel_ok, dphi, feature_eps, m, sq_a, sq_y, MAP, POWER,
+                                                TOKEN_NORMS)  # fmt: skip
         tl.store(dq_base + places[None, :, None] * dqk_stride_n + channels, dx, mask=ok)
         if TOKEN_NORMS:
             tl.store(cross_base + places * (2 * GROUPS), cross, mask=row_ok)
@@ -118,7 +119,7 @@ def query_grad_kernel(
             acc_dz += tl.sum(dden[:, :, None] * phi, axis=1, keep_dims=True)
         else:
             acc_dz += dden[:, :, None] * phi
-        acc_dinv += tl.sum(tl.where(ok, dinv, 0.0), axis=1)
+        acc_dinv += tl.sum(dinv, axis=1)
     slot = (b * tl.num_programs(1) + t).to(tl.int64)
     tiles.store_state(ds_ptr, dz_ptr, slot, acc_ds, tl.sum(acc_dz, axis=1), head0, H, D, H_PAD, D_PAD)
     _store_row(grads_ptr + slot * (H * D), acc_dinv, head0, H, D, H_PAD, D_PAD)
