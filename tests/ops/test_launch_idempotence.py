@@ -137,21 +137,23 @@ def test_every_launch_twice_gives_the_reference_result_wide(name, request):
 @pytest.mark.parametrize("kernel", [3, 5])
 def test_the_rows_kernels_run_twice_give_the_same_result(kernel):
     """Forward and backward of 16-bit inputs on a whole map (`triton_rows.output_rows_kernel`,
-    `triton_rows_backward.dwc_weight_rows_kernel` and `value_conv_rows_kernel`, with head groups and their norms and
-    cross-head passes) give the same output and gradients, bit for bit, with every launch run twice as run once."""
+    `triton_rows_backward.dwc_weight_rows_kernel` and `value_conv_rows_kernel`; with head groups and their norms and
+    cross-head passes, and with four heads in one program, whose output takes the conv in halves of 16 channels)
+    give the same output and gradients, bit for bit, with every launch run twice as run once."""
     if not interpreting():
         _in_interpreter_subprocess(f"test_the_rows_kernels_run_twice_give_the_same_result[{kernel}]")
         return
-    qkv, kwargs = _inputs(_case("focused", (6, 19), 8, 32, kernel=kernel, mask=True), batch=2)
-    qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, torch.device("cpu"))
-    grad_out = torch.randn(2, qkv.shape[1], qkv.shape[2] // 3, generator=torch.Generator().manual_seed(3))
-    once, once_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
-    with every_launch_twice() as launched:
-        twice, twice_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
-    rows = {"output_rows_kernel", "dwc_weight_rows_kernel", "value_conv_rows_kernel"}
-    assert rows <= set(launched) and not {"output_kernel", "dwc_weight_grad_kernel"} & set(launched)
-    assert torch.equal(once, twice)
-    assert all(torch.equal(a, b) for a, b in zip(once_grads, twice_grads))
+    for heads in (8, 4):
+        qkv, kwargs = _inputs(_case("focused", (6, 19), heads, 32, kernel=kernel, mask=True), batch=2)
+        qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, torch.device("cpu"))
+        grad_out = torch.randn(2, qkv.shape[1], qkv.shape[2] // 3, generator=torch.Generator().manual_seed(3))
+        once, once_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
+        with every_launch_twice() as launched:
+            twice, twice_grads = _run("triton", qkv16, kwargs16, grad_out.to(torch.bfloat16))
+        rows = {"output_rows_kernel", "dwc_weight_rows_kernel", "value_conv_rows_kernel"}
+        assert rows <= set(launched) and not {"output_kernel", "dwc_weight_grad_kernel"} & set(launched)
+        assert torch.equal(once, twice)
+        assert all(torch.equal(a, b) for a, b in zip(once_grads, twice_grads))
 
 
 def test_a_launch_that_adds_into_its_output_is_caught():

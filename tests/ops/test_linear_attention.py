@@ -153,14 +153,15 @@ def test_the_rows_kernels_cover_ragged_strips_and_several_bands(kernel):
     `value_conv_rows_kernel` (and the shared positional table's gradient from the last kernel's sum over the images,
     several blocks of tokens, the last ragged): strips of columns (the last one ragged) in
     bands of rows, each band reading the K//2 rows above and below it. On maps of three strips (in two bands; 16 and
-    32 columns; two head groups with their norms pass), with a key mask, they equal the naive reference on the same
+    32 columns; two head groups with their norms pass; heads of 24 channels padded to 32, whose output takes the
+    conv in two halves of 16 channels up to DWC 5), with a key mask, they equal the naive reference on the same
     rounded inputs for DWC sizes 3, 5 and 7 (7 reaches past a band of 5 rows), in value and every gradient; fp32
     inputs take the tiled kernels."""
     from linvit.ops.linear_attention import triton_launch, triton_launch_backward
     from linvit.ops.linear_attention.triton_geometry import geometry, heads_per_program, row_bands, row_strip
     from linvit.ops.linear_attention.triton_taps import tap_products
 
-    for heads, head_dim in ((4, 8), (2, 16), (8, 32)):
+    for heads, head_dim in ((4, 8), (2, 16), (8, 32), (3, 24)):
         strip = row_strip(heads_per_program(heads, head_dim))
         hw = (9, 2 * strip + 1)
         if TRITON_DEVICE.type == "cpu" and heads == 4:  # the interpreter's 4 multiprocessors: 8 programs
@@ -174,6 +175,11 @@ def test_the_rows_kernels_cover_ragged_strips_and_several_bands(kernel):
             streamed = triton_launch_backward._weight_strips(qkv.to(dtype), kwargs["dwc_weight"], options, None)
             assert (streamed is not None) == rows
         qkv16, kwargs16 = _cast(qkv, kwargs, torch.bfloat16, TRITON_DEVICE)
+        forward, *_ = triton_launch.forward_plan(
+            qkv16.detach(), kwargs16["inverse_temperature"].detach(), kwargs16["key_position"].detach(),
+            kwargs16["dwc_weight"].detach(), kwargs16["dwc_bias"].detach(), None, options, False,
+        )  # fmt: skip
+        assert forward[-1].constants["HALVES"] == ((heads, head_dim) == (3, 24) and kernel <= 5)
         _assert_bf16_triton_matches_naive(qkv16, kwargs16, seed=kernel)
 
 

@@ -229,7 +229,11 @@ def _output_rows(
     kernel's ``chunks`` partial states per image; ``constants``: the sizes and flags, with the taps' TAP_DTYPE."""
     images, map_h, map_w = qkv.shape[0], options.grid_h, options.grid_w
     walk = row_walk(images, map_h, map_w, constants["H"], constants["H_PAD"], qkv.device, multiprocessors)
-    words = row_words(qkv, constants["D"]) and (constants["H_PAD"], constants["D_PAD"]) != (2, 32)
+    words = row_words(qkv, constants["D"])
+    # heads of 32 in two halves of 16 channels (`triton_rows.conv_row_halves`), read as words, up to DWC 5; other
+    # rows in words except at two heads of 17-32 (linvit_tiny's first stage at DWC 7), where they spill 8 B
+    halves = words and constants["D_PAD"] == 32 and dwc_weight.shape[-1] <= 5 and not constants["TOKEN_NORMS"]
+    words = words and (halves or (constants["H_PAD"], constants["D_PAD"]) != (2, 32))
     partial_s, partial_z, partial_count = partials
     constants = {key: value for key, value in constants.items() if key not in ("WINDOW_H", "WINDOW_W")}
     kernel_size = dwc_weight.shape[-1]
@@ -265,14 +269,14 @@ def _output_rows(
             **constants,
             "STRIP": walk.strip,
             "K": kernel_size,
-            # each row read once with its halo, except beside the head groups' norms (its gathers spill there); in
-            # words except at two heads of 17-32 (linvit_tiny's first stage), where they spill 8 B
+            # each row read once with its halo, except beside the head groups' norms (its gathers spill there)
             **(
                 {"HALO": 0, "WORDS": False}
                 if constants["TOKEN_NORMS"]
                 else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"], words)
             ),
             "HAS_BIAS": dwc_bias is not None,
+            "HALVES": halves,
         },  # fmt: skip
         lambda block: (chunks, walk.band_rows + kernel_size - 1),
         tuned=False,
