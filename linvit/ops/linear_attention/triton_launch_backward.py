@@ -349,6 +349,7 @@ def _value_conv(
             "K": kernel_size,
             **row_halo(kernel_size, sizes["H_PAD"], block_d, triton_taps.row_words(grad_out, sizes["D"])),
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
+            "GROUPED": block_d == 16 and kernel_size <= 5 and triton_taps.row_words(grad_out, sizes["D"]),
         },
         # the band's rows, and the partials' sum in one program of each image's strips, bands and blocks: mean trips
         lambda block: (walk.band_rows + kernel_size - 1,) + _summing_loops(chunks, walk.strips * walk.bands * blocks),

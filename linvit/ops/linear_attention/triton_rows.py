@@ -198,6 +198,26 @@ def conv_row_halves(first_ring, second_ring, first_taps, second_taps, base, mask
 
 
 @triton.jit
+def conv_row_block(ring, taps, base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w,
+                   H_PAD: tl.constexpr, STRIP: tl.constexpr, W: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr,
+                   HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
+    """:func:`conv_row` for a block of W = 16 channels of 16-bit heads read as words, K = 3 or 5, its older output
+    rows in flight in one product (:func:`half_tap_matrices`); returns the ring and the row's own values."""
+    R: tl.constexpr = K // 2
+    FLAT: tl.constexpr = H_PAD * STRIP
+    dtype: tl.constexpr = base.dtype.element_ty
+    sums = ring + (tl.zeros([FLAT, W], tl.float32),)
+    strip, halo = row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP, K,
+                               HALO, HAS_MASK, True)  # fmt: skip
+    for dx in tl.static_range(K):
+        values = _unpacked(shifted_row(strip, halo, dx - R, STRIP, HALO, K, False, dtype), FLAT, W, dtype)
+        if dx == R:
+            centre = values
+        sums = _half_taps(values.to(TAP_DTYPE), taps, sums, dx, FLAT, W, K)
+    return sums, centre
+
+
+@triton.jit
 def _half_taps(values, taps, sums, dx: tl.constexpr, FLAT: tl.constexpr, W: tl.constexpr, K: tl.constexpr):
     """A half's shifted row ``values`` (FLAT, W) multiplied into its K rows in flight ``sums``."""
     older = tl.dot(values, taps[0][dx], _side_by_side(sums[: K - 1], FLAT, W))

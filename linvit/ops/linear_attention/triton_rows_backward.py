@@ -128,13 +128,16 @@ def value_conv_rows_kernel(
     do_stride_b, do_stride_n, grads_width, strips, band_rows, map_h, map_w, chunks,
     H: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     STRIP: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, TAP_DTYPE: tl.constexpr,
+    GROUPED: tl.constexpr = False,
 ):  # fmt: skip
     """dL/dout's transposed DWC, dL/dv's share through the conv: Σ_tap w[tap] · dL/dout[token - offset(tap)], for
     the tokens of strip ``program_id(1) % strips`` of band ``program_id(1) // strips`` of image ``program_id(0)``
     and channels c·BLOCK_D … c·BLOCK_D + BLOCK_D - 1 of each head of group g (``program_id(2)`` = g · D_PAD /
     BLOCK_D + c: the taps' diagonal products of a block of 16 do 16× the conv's multiply-adds, of a whole head of 32
-    32×), into conv_ptr ((images, H·W, C), contiguous, qkv's dtype), which key_value_grad adds to
-    dL/dv and zeroes at masked keys. The forward's streamed conv (`triton_rows.conv_row`) with the taps flipped:
+    32×; ``GROUPED``: a block of 16 read as words, up to DWC 5, multiplies its older output rows in flight in one
+    product, `triton_rows.conv_row_block`: 147 -> 135 warp-instructions a token at the benchmark shape), into
+    conv_ptr ((images, H·W, C), contiguous, qkv's dtype), which key_value_grad adds to dL/dv and zeroes at masked
+    keys. The forward's streamed conv (`triton_rows.conv_row`) with the taps flipped:
     each row of dL/dout read once with its halo, where the tiled key kernel gathers it once per tap (6.4 KB per token
     at the benchmark shape, most of that kernel's bytes). And the DWC bias's partial gradient, Σ dL/dout over the
     program's tokens (each row of its band is read there anyway), into row ``program_id(0) · num_programs(1) +
@@ -155,15 +158,23 @@ def value_conv_rows_kernel(
     channels, channel_ok = heads * D + dims, (heads < H) & (dims < D)
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     conv_base = conv_ptr + b.to(tl.int64) * map_h * map_w * (H * D)  # 64-bit before the product: large maps
-    pairs, taps = triton_rows.tap_matrices(w_ptr + first * (K * K), D - first, BLOCK_D, K, TAP_DTYPE, True)
+    if GROUPED:
+        grouped = triton_rows.half_tap_matrices(w_ptr, D, BLOCK_D, K, TAP_DTYPE, tl.program_id(2) % BLOCKS, True)
+    else:
+        pairs, taps = triton_rows.tap_matrices(w_ptr + first * (K * K), D - first, BLOCK_D, K, TAP_DTYPE, True)
     columns = strip * STRIP + tl.arange(0, STRIP)
     R: tl.constexpr = K // 2
     ring = triton_rows.empty_ring(H_PAD, STRIP, BLOCK_D, K)
     bias = tl.zeros([H_PAD * STRIP, BLOCK_D], tl.float32)  # summed over the tokens once, at the end
     for j in tl.range(top - R, bottom + R):
-        sums, row_values = triton_rows.conv_row(ring, pairs, taps, do_base, do_base, j, strip * STRIP, channels,
-                                                channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, BLOCK_D, K, HALO,
-                                                False, TAP_DTYPE, WORDS)  # fmt: skip
+        if GROUPED:
+            sums, row_values = triton_rows.conv_row_block(ring, grouped, do_base, do_base, j, strip * STRIP,
+                                                          channels, channel_ok, do_stride_n, map_h, map_w, H_PAD,
+                                                          STRIP, BLOCK_D, K, HALO, False, TAP_DTYPE)  # fmt: skip
+        else:
+            sums, row_values = triton_rows.conv_row(ring, pairs, taps, do_base, do_base, j, strip * STRIP, channels,
+                                                    channel_ok, do_stride_n, map_h, map_w, H_PAD, STRIP, BLOCK_D, K,
+                                                    HALO, False, TAP_DTYPE, WORDS)  # fmt: skip
         bias += tl.where((j >= top) & (j < bottom), row_values.to(tl.float32), 0.0)  # the band's own rows
         row = j - R  # complete
         ok = ((columns < map_w) & (row >= top))[None, :, None] & channel_ok
