@@ -41,37 +41,6 @@ def power(a, POWER: tl.constexpr):
 
 
 @triton.jit
-def power_lower(a, POWER: tl.constexpr):
-    """a^(p-1) for a > 0 (p a^(p-1) is d(a^p)/da); exact products for p = 1, 2, 3, 4, those :func:`power` starts
-    with."""
-    if POWER == 1.0:
-        out = a * 0.0 + 1.0
-    elif POWER == 2.0:
-        out = a
-    elif POWER == 3.0:
-        out = a * a
-    elif POWER == 4.0:
-        out = a * a * a
-    else:
-        out = tl.exp2((POWER - 1.0) * tl.log2(a))
-    return out
-
-
-@triton.jit
-def power_grad(a, POWER: tl.constexpr):
-    """d(a^p)/da = p a^(p-1) for a > 0."""
-    if POWER == 1.0:
-        out = a * 0.0 + 1.0
-    elif POWER == 2.0:
-        out = 2.0 * a
-    elif POWER == 3.0:
-        out = 3.0 * a * a
-    else:
-        out = POWER * tl.exp2((POWER - 1.0) * tl.log2(a))
-    return out
-
-
-@triton.jit
 def row_sum(x):
     """Σ over the heads and channels of each token of a tile: (BLOCK_N,)."""
     return tl.sum(tl.sum(x, axis=2), axis=0)
@@ -162,7 +131,7 @@ def feature_grad(x, inv, channel_ok, dphi, feature_eps, m, sq_a, sq_y, MAP: tl.c
         cross = row_sum(dphi * y)
         alpha = tl.sqrt(sq_a / sq_y)
         # p â^(p-1) as â^(p-1) (the product â^p starts with) times a per-token p·α̂: two multiplies an element less
-        lower = power_lower(a_hat, POWER)
+        lower = power(a_hat, POWER - 1.0)
         if TOKEN_NORMS:
             da = (lower * dphi) * (alpha * POWER)[None, :, None]
         else:
