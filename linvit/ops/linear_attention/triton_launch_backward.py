@@ -49,7 +49,7 @@ WEIGHT_ROW_HEADS = 4  # heads a program of the streamed DWC weight gradient hold
 WEIGHT_ROW_CHANNELS = 16  # channels a program of it holds: its products' diagonals, 16 the tensor cores' least
 # channels of a head a program of the streamed transposed conv (value_conv_rows) holds: its taps' diagonal products do
 # 16× the conv's multiply-adds, where all 32 of a head did 32× (at the benchmark shape it was bound by them: 0.112 ms
-# by the cost figure, 0.072 so, bound by its issue)
+# by the cost figure, 0.068 so, bound by its issue); head dims are padded to 16 at least, so a block is 16 channels
 CONV_BLOCK = 16
 
 
@@ -302,7 +302,7 @@ def sums_positions(key_position: Tensor | None, options: KernelOptions) -> bool:
 
 def conv_programs(num_heads: int, sizes: dict) -> int:
     """value_conv_rows's programs a (strip, band) piece of an image: a head group's blocks of CONV_BLOCK channels."""
-    return triton.cdiv(num_heads, sizes["H_PAD"]) * (sizes["D_PAD"] // min(sizes["D_PAD"], CONV_BLOCK))
+    return triton.cdiv(num_heads, sizes["H_PAD"]) * (sizes["D_PAD"] // CONV_BLOCK)
 
 
 def _value_conv(
@@ -316,8 +316,7 @@ def _value_conv(
     images, map_h, map_w = grad_out.shape[0], options.grid_h, options.grid_w
     conv = torch.empty(images, map_h * map_w, grad_out.shape[-1], dtype=grad_out.dtype, device=grad_out.device)
     kernel_size = dwc_weight.shape[-1]
-    block_d = min(sizes["D_PAD"], CONV_BLOCK)
-    blocks = sizes["D_PAD"] // block_d
+    words = triton_taps.row_words(grad_out, sizes["D"])
     launch = Launch(
         "value_conv_rows",
         triton_rows_backward.value_conv_rows_kernel,
@@ -344,15 +343,18 @@ def _value_conv(
         },
         {
             **{key: sizes[key] for key in ("H", "D", "H_PAD", "D_PAD")},
-            "BLOCK_D": block_d,
+            "BLOCK_D": CONV_BLOCK,
             "STRIP": walk.strip,
             "K": kernel_size,
-            **row_halo(kernel_size, sizes["H_PAD"], block_d, triton_taps.row_words(grad_out, sizes["D"])),
+            **row_halo(kernel_size, sizes["H_PAD"], CONV_BLOCK, words),
             "TAP_DTYPE": tap_products(grad_out.dtype, sizes["D_PAD"])["TAP_DTYPE"],
-            "GROUPED": block_d == 16 and kernel_size <= 5 and triton_taps.row_words(grad_out, sizes["D"]),
+            "GROUPED": words and kernel_size <= 5,  # `triton_rows.conv_row_block`
         },
         # the band's rows, and the partials' sum in one program of each image's strips, bands and blocks: mean trips
-        lambda block: (walk.band_rows + kernel_size - 1,) + _summing_loops(chunks, walk.strips * walk.bands * blocks),
+        lambda block: (
+            (walk.band_rows + kernel_size - 1,)
+            + _summing_loops(chunks, walk.strips * walk.bands * sizes["D_PAD"] // CONV_BLOCK)
+        ),
         tuned=False,
         num_warps=ROW_WARPS,
     )

@@ -32,8 +32,8 @@ import triton.language as tl
 from linvit.ops.linear_attention import triton_feature_maps as maps
 from linvit.ops.linear_attention import triton_tiles as tiles
 
-__all__ = ["conv_row", "conv_row_halves", "empty_ring", "half_tap_matrices", "output_rows_kernel", "row_and_halo",
-           "shifted_row", "tap_matrices"]  # fmt: skip
+__all__ = ["block_tap_matrices", "conv_row", "conv_row_block", "conv_row_halves", "empty_ring", "output_rows_kernel",
+           "row_and_halo", "shifted_row", "tap_matrices"]  # fmt: skip
 
 
 @triton.jit
@@ -125,14 +125,15 @@ def conv_row(ring, pairs, taps, base, mask_base, j, first, channels, channel_ok,
 
 
 @triton.jit
-def half_tap_matrices(w_ptr, D: tl.constexpr, W: tl.constexpr, K: tl.constexpr, TAP_DTYPE: tl.constexpr,
-                      HALF: tl.constexpr, FLIPPED: tl.constexpr):  # fmt: skip
-    """The taps of channels HALF·W … HALF·W + W - 1 (W = 16: half a head of 32) as :func:`conv_row_halves`
-    multiplies them, for each dx: the diagonal matrices of taps K-1 … 1 (one per output row in flight but the
-    newest) side by side, (W, (K-1)·W) (K = 3 or 5), then tap (0, dx) alone."""
+def block_tap_matrices(w_ptr, D: tl.constexpr, W: tl.constexpr, K: tl.constexpr, TAP_DTYPE: tl.constexpr,
+                       BLOCK, FLIPPED: tl.constexpr):  # fmt: skip
+    """The taps of channels BLOCK·W … BLOCK·W + W - 1 of a head (W = 16: half a head of 32) as
+    :func:`conv_row_halves` and :func:`conv_row_block` multiply them, for each dx: the diagonal matrices of taps
+    K-1 … 1 (one per output row in flight but the newest) side by side, (W, (K-1)·W) (K = 3 or 5), then tap (0, dx)
+    alone."""
     lanes = tl.arange(0, W)[None, :]
     diagonal = tl.arange(0, W)[:, None] == lanes
-    channels = HALF * W + lanes
+    channels = BLOCK * W + lanes
     groups = ()
     taps = ()
     for dx in tl.static_range(K):
@@ -178,7 +179,7 @@ def conv_row_halves(first_ring, second_ring, first_taps, second_taps, base, mask
                     K: tl.constexpr, HALO: tl.constexpr, HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
     """:func:`conv_row` for 16-bit heads of 32 channels read as words, K = 3 or 5, in two halves of 16 channels:
     the taps' diagonal products of a half do 16× the conv's multiply-adds where a whole head's did 32×, and a
-    half's K - 1 older output rows take one product (their taps side by side: :func:`half_tap_matrices`), the
+    half's K - 1 older output rows take one product (their taps side by side: :func:`block_tap_matrices`), the
     newest another. Returns the two halves' rings (rows j - K//2 … j + K//2, (H_PAD·STRIP, 16) each)."""
     R: tl.constexpr = K // 2
     W: tl.constexpr = D_PAD // 2
@@ -192,8 +193,10 @@ def conv_row_halves(first_ring, second_ring, first_taps, second_taps, base, mask
         words = shifted_row(strip, halo, dx - R, STRIP, HALO, K, False, dtype)
         # a half's words (its channels in pairs, a word each: the products' operand takes them as they are)
         lower, upper = tl.split(tl.permute(tl.reshape(words, (H_PAD, STRIP, 2, W // 2)), (0, 1, 3, 2)))
-        firsts = _half_taps(_unpacked(lower, FLAT, W, dtype).to(TAP_DTYPE), first_taps, firsts, dx, FLAT, W, K)
-        seconds = _half_taps(_unpacked(upper, FLAT, W, dtype).to(TAP_DTYPE), second_taps, seconds, dx, FLAT, W, K)
+        lower = tl.reshape(_unpacked(lower, dtype), (FLAT, W)).to(TAP_DTYPE)
+        upper = tl.reshape(_unpacked(upper, dtype), (FLAT, W)).to(TAP_DTYPE)
+        firsts = _block_taps(lower, first_taps, firsts, dx, FLAT, W, K)
+        seconds = _block_taps(upper, second_taps, seconds, dx, FLAT, W, K)
     return firsts, seconds
 
 
@@ -202,7 +205,7 @@ def conv_row_block(ring, taps, base, mask_base, j, first, channels, channel_ok, 
                    H_PAD: tl.constexpr, STRIP: tl.constexpr, W: tl.constexpr, K: tl.constexpr, HALO: tl.constexpr,
                    HAS_MASK: tl.constexpr, TAP_DTYPE: tl.constexpr):  # fmt: skip
     """:func:`conv_row` for a block of W = 16 channels of 16-bit heads read as words, K = 3 or 5, its older output
-    rows in flight in one product (:func:`half_tap_matrices`); returns the ring and the row's own values."""
+    rows in flight in one product (:func:`block_tap_matrices`); returns the ring and the row's own values."""
     R: tl.constexpr = K // 2
     FLAT: tl.constexpr = H_PAD * STRIP
     dtype: tl.constexpr = base.dtype.element_ty
@@ -210,26 +213,27 @@ def conv_row_block(ring, taps, base, mask_base, j, first, channels, channel_ok, 
     strip, halo = row_and_halo(base, mask_base, j, first, channels, channel_ok, stride_n, map_h, map_w, STRIP, K,
                                HALO, HAS_MASK, True)  # fmt: skip
     for dx in tl.static_range(K):
-        values = _unpacked(shifted_row(strip, halo, dx - R, STRIP, HALO, K, False, dtype), FLAT, W, dtype)
+        values = tl.reshape(shifted_row(strip, halo, dx - R, STRIP, HALO, K, True, dtype), (FLAT, W))
         if dx == R:
             centre = values
-        sums = _half_taps(values.to(TAP_DTYPE), taps, sums, dx, FLAT, W, K)
+        sums = _block_taps(values.to(TAP_DTYPE), taps, sums, dx, FLAT, W, K)
     return sums, centre
 
 
 @triton.jit
-def _half_taps(values, taps, sums, dx: tl.constexpr, FLAT: tl.constexpr, W: tl.constexpr, K: tl.constexpr):
-    """A half's shifted row ``values`` (FLAT, W) multiplied into its K rows in flight ``sums``."""
+def _block_taps(values, taps, sums, dx: tl.constexpr, FLAT: tl.constexpr, W: tl.constexpr, K: tl.constexpr):
+    """A block's shifted row ``values`` (FLAT, W) multiplied into its K rows in flight ``sums``."""
     older = tl.dot(values, taps[0][dx], _side_by_side(sums[: K - 1], FLAT, W))
     return _apart(older, FLAT, W, K - 1) + (tl.dot(values, taps[1][dx], sums[K - 1]),)
 
 
 @triton.jit
-def _unpacked(words, FLAT: tl.constexpr, W: tl.constexpr, dtype: tl.constexpr):
-    """Words of two 16-bit channels each as (FLAT, W) values of ``dtype``, the even channel the low half."""
+def _unpacked(words, dtype: tl.constexpr):
+    """A tile of words (H_PAD, STRIP, n), two 16-bit channels each, as (H_PAD, STRIP, 2n) values of ``dtype``, the
+    even channel the low half."""
     low = (words & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
     high = (words >> 16).to(tl.int16).to(dtype, bitcast=True)
-    return tl.reshape(tl.join(low, high), (FLAT, W))
+    return tl.reshape(tl.join(low, high), (words.shape[0], words.shape[1], 2 * words.shape[2]))
 
 
 @triton.jit
@@ -277,9 +281,7 @@ def shifted_row(strip, halo, shift: tl.constexpr, STRIP: tl.constexpr, HALO: tl.
         from_halo = tl.gather(halo, tl.minimum(tl.maximum(side, 0), HALO - 1), 1)
         shifted = tl.where((source >= 0) & (source < STRIP), from_strip, from_halo)
     if WORDS:
-        low = (shifted & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
-        high = (shifted >> 16).to(tl.int16).to(dtype, bitcast=True)
-        shifted = tl.reshape(tl.join(low, high), (shifted.shape[0], STRIP, 2 * shifted.shape[2]))
+        shifted = _unpacked(shifted, dtype)
     return shifted
 
 
@@ -310,8 +312,6 @@ def output_rows_kernel(
     mask_base = mask_ptr + b.to(tl.int64) * mask_stride_b
     norms_base = norms_ptr + b.to(tl.int64) * norms_stride_b + 3  # the queries' (m, ‖â‖², ‖â^p‖²)
     dims = tl.arange(0, D_PAD)[None, None, :]
-    if not HALVES:
-        pairs, taps = tap_matrices(w_ptr, D, D_PAD, K, TAP_DTYPE, False)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
@@ -319,8 +319,8 @@ def output_rows_kernel(
     column_ok = columns < map_w
     R: tl.constexpr = K // 2
     if HALVES:
-        first_taps = half_tap_matrices(w_ptr, D, D_PAD // 2, K, TAP_DTYPE, 0, False)
-        second_taps = half_tap_matrices(w_ptr, D, D_PAD // 2, K, TAP_DTYPE, 1, False)
+        first_taps = block_tap_matrices(w_ptr, D, D_PAD // 2, K, TAP_DTYPE, 0, False)
+        second_taps = block_tap_matrices(w_ptr, D, D_PAD // 2, K, TAP_DTYPE, 1, False)
         firsts = empty_ring(H_PAD, STRIP, D_PAD // 2, K)
         seconds = empty_ring(H_PAD, STRIP, D_PAD // 2, K)
         for j in tl.range(top - R, bottom + R):
@@ -334,6 +334,7 @@ def output_rows_kernel(
             firsts = firsts[1:]
             seconds = seconds[1:]
     else:
+        pairs, taps = tap_matrices(w_ptr, D, D_PAD, K, TAP_DTYPE, False)
         ring = empty_ring(H_PAD, STRIP, D_PAD, K)
         for j in tl.range(top - R, bottom + R):
             sums, _ = conv_row(ring, pairs, taps, v_base, mask_base, j, strip * STRIP, channels, channel_ok,

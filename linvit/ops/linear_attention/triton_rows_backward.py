@@ -159,7 +159,7 @@ def value_conv_rows_kernel(
     do_base = do_ptr + b.to(tl.int64) * do_stride_b
     conv_base = conv_ptr + b.to(tl.int64) * map_h * map_w * (H * D)  # 64-bit before the product: large maps
     if GROUPED:
-        grouped = triton_rows.half_tap_matrices(w_ptr, D, BLOCK_D, K, TAP_DTYPE, tl.program_id(2) % BLOCKS, True)
+        grouped = triton_rows.block_tap_matrices(w_ptr, D, BLOCK_D, K, TAP_DTYPE, tl.program_id(2) % BLOCKS, True)
     else:
         pairs, taps = triton_rows.tap_matrices(w_ptr + first * (K * K), D - first, BLOCK_D, K, TAP_DTYPE, True)
     columns = strip * STRIP + tl.arange(0, STRIP)
