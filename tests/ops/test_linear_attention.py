@@ -152,20 +152,31 @@ def test_the_rows_kernels_cover_ragged_strips_and_several_bands(kernel):
     weight's gradient from `triton_rows_backward.dwc_weight_rows_kernel` and dL/dv's transposed conv from its
     `value_conv_rows_kernel` (and the shared positional table's gradient from the last kernel's sum over the images,
     several blocks of tokens, the last ragged): strips of columns (the last one ragged) in
-    bands of rows, each band reading the K//2 rows above and below it. On maps of three strips (in two bands; 16 and
-    32 columns; two head groups with their norms pass; heads of 24 channels padded to 32, whose output takes the
-    conv in two halves of 16 channels up to DWC 5), with a key mask, they equal the naive reference on the same
-    rounded inputs for DWC sizes 3, 5 and 7 (7 reaches past a band of 5 rows), in value and every gradient; fp32
+    bands of rows, each band reading the K//2 rows above and below it. On maps of two strips of the output kernel's
+    (in two bands or more; 32 columns, of two warpgroups from four heads a program on, whose φ(q)·S products then take
+    each row in two pieces; two head groups with their norms pass; heads of 24 channels padded to 32, whose output
+    takes the conv in two halves of 16 channels up to DWC 5), with a key mask, they equal the naive reference on the
+    same rounded inputs for DWC sizes 3, 5 and 7 (7 reaches past a band of 5 rows), in value and every gradient; fp32
     inputs take the tiled kernels."""
     from linvit.ops.linear_attention import triton_launch, triton_launch_backward
-    from linvit.ops.linear_attention.triton_geometry import geometry, heads_per_program, row_bands, row_strip
+    from linvit.ops.linear_attention.triton_geometry import (
+        geometry,
+        head_splits,
+        heads_per_program,
+        output_row_warps,
+        row_bands,
+        row_strip,
+    )
     from linvit.ops.linear_attention.triton_taps import tap_products
 
     for heads, head_dim in ((4, 8), (2, 16), (8, 32), (3, 24)):
-        strip = row_strip(heads_per_program(heads, head_dim))
-        hw = (9, 2 * strip + 1)
-        if TRITON_DEVICE.type == "cpu" and heads == 4:  # the interpreter's 4 multiprocessors: 8 programs
-            assert row_bands(1, *hw, 1, strip, TRITON_DEVICE) == (3, 5, 2)
+        heads_pad = heads_per_program(heads, head_dim)
+        warps = output_row_warps(heads_pad)
+        strip = row_strip(heads_pad, warps)
+        hw = (9, strip + 1)
+        if TRITON_DEVICE.type == "cpu" and heads == 4:  # the interpreter's 4 multiprocessors: 4 programs of 8 warps
+            assert (warps, strip, head_splits(heads_pad, warps)) == (8, 32, 2)
+            assert row_bands(1, *hw, 1, strip, TRITON_DEVICE, warps=warps) == (2, 5, 2)
         qkv, kwargs = _inputs(_case("focused", hw, heads, head_dim, kernel=kernel, mask=True), batch=1)
         options = triton_launch.KernelOptions(*hw, heads, 0, 3.0, 0, 1e-6, 1e-6)
         walked = geometry(1, qkv.shape[1], options)
@@ -180,6 +191,7 @@ def test_the_rows_kernels_cover_ragged_strips_and_several_bands(kernel):
             kwargs16["dwc_weight"].detach(), kwargs16["dwc_bias"].detach(), None, options, False,
         )  # fmt: skip
         assert forward[-1].constants["HALVES"] == ((heads, head_dim) == (3, 24) and kernel <= 5)
+        assert (forward[-1].num_warps, forward[-1].constants["STRIP"]) == (warps, strip)
         _assert_bf16_triton_matches_naive(qkv16, kwargs16, seed=kernel)
 
 

@@ -115,6 +115,20 @@ def features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP: tl.constexpr, 
 
 
 @triton.jit
+def scaled_features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP: tl.constexpr, POWER: tl.constexpr,
+                    PRESCALED: tl.constexpr, TOKEN_NORMS: tl.constexpr):  # fmt: skip
+    """φ(x) of a tile as (y, scale): φ = y · scale with a per-token scale (the focused map's â^p and
+    m·‖â‖/‖â^p‖; 1 for the others), for products whose per-token factor can be applied to their results instead of
+    to every element of φ (a multiply an element less)."""
+    if MAP == 0:
+        y, _, scale, _, _ = focus(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, POWER, PRESCALED, TOKEN_NORMS)
+    else:
+        y = features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+        scale = tl.full([x.shape[1]], 1.0, tl.float32)
+    return y, scale
+
+
+@triton.jit
 def feature_grad(x, inv, channel_ok, dphi, feature_eps, m, sq_a, sq_y, MAP: tl.constexpr, POWER: tl.constexpr,
                  TOKEN_NORMS: tl.constexpr):  # fmt: skip
     """(φ(x), dL/dx, the temperature's share dL/da · (relu(x) + eps), cross) of a tile from dL/dφ.

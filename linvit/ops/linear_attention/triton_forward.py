@@ -168,7 +168,7 @@ def output_kernel(
     HAS_DWC: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TENSOR_TAPS: tl.constexpr,
     TAP_DTYPE: tl.constexpr, BF16_PAIRS: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
     TOKEN_NORMS: tl.constexpr, ROWS_FIRST: tl.constexpr,
-    SOFTPLUS: tl.constexpr = False,
+    SOFTPLUS: tl.constexpr = False, HALF_DOT: tl.constexpr = False,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) (+ DWC(v) on spatial tokens) for the tokens of chunk t of batch element b (its
     group's heads). ROWS_FIRST: the tiles' layout (`triton_tiles.load_rows`)."""
@@ -184,6 +184,7 @@ def output_kernel(
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     dims = tl.arange(0, D_PAD)[None, None, :]
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, tl.num_programs(1), head0, H, D, H_PAD, D_PAD)
+    s = tiles.state_operand(s, HALF_DOT)
     bias = tl.zeros([1, 1, D_PAD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + dims, mask=dims < D, other=0.0).to(tl.float32)
@@ -196,11 +197,13 @@ def output_kernel(
                                                      WINDOWED)  # fmt: skip
         x = tiles.load_tile(q_base, places, ok, stride_n, channels, ROWS_FIRST)
         m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-        phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
-        phi = tl.where(ok, phi, 0.0)
-        num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
-        den = tl.sum(phi * z[:, None, :], axis=2) + eps  # exact fp32, and 32 registers fewer than a z-column product
-        out = num * (1.0 / den)[:, :, None]
+        y, scale = maps.scaled_features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED,
+                                        TOKEN_NORMS)  # fmt: skip
+        y = tl.where(ok, y, 0.0)  # φ = y · scale: the per-token scale goes to the products' results
+        num = tiles.head_product(y.to(s.dtype), s, H_PAD, DOT_PRECISION)
+        # the normaliser in exact fp32, and 32 registers fewer than a z-column product
+        den = tl.sum(y * z[:, None, :], axis=2) * scale[None, :] + eps
+        out = num * (scale[None, :] / den)[:, :, None]
         if HAS_DWC:
             out, _ = tiles.depthwise_conv(
                 out, v_base, mask_base, taps_ptr, row0, stop, stride_n, prefix, grid_h, grid_w, top, left, map_h, map_w,

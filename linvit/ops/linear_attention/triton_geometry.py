@@ -31,8 +31,10 @@ __all__ = [
     "ROW_WARPS",
     "geometry",
     "head_groups",
+    "head_splits",
     "kernel_sizes",
     "num_chunks",
+    "output_row_warps",
     "row_bands",
     "row_halo",
     "row_strip",
@@ -56,8 +58,8 @@ TILE_CONFIGS: tuple[tuple[int, int, int], ...] = (
 # with the N bucket (:func:`n_bucket`) and the tensors' dtypes, what `triton.autotune` keys the tiled kernels on
 AUTOTUNE_SIZES = ("H", "D", "MAP")
 _INTERPRETER_BLOCK = 16  # small tiles, so that the tests' small maps still span several tiles and chunks
-ROW_TILE = 64  # tokens × heads of a tile of `triton_rows.output_rows_kernel`: one warpgroup's product rows on sm_90
-ROW_WARPS = 4  # its warps
+ROW_TILE = 64  # tokens × heads of a rows kernel's tile per warpgroup: its tensor-core product rows on sm_90
+ROW_WARPS = 4  # the rows kernels' warps: one warpgroup (the forward's output at four heads or more: two, below)
 PROGRAMS_PER_SM = 2  # the tiled kernels are sized for two resident programs of 4-8 warps per SM
 WEIGHT_PROGRAMS_PER_SM = 32  # the DWC weight's gradient: programs per SM above which a program walks several items
 WEIGHT_PRODUCTS_BUDGET = 16384  # fp32 elements of the DWC weight gradient's per-tap products a program holds
@@ -160,9 +162,10 @@ def kernel_sizes(channels: int, num_heads: int, dtype: torch.dtype) -> dict:
         "D": head_dim,
         "H_PAD": heads_per_program(num_heads, head_dim),
         "D_PAD": max(16, triton.next_power_of_2(head_dim)),
-        # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation), and the backward's
-        # products with a d × d state take it in bf16 too (`triton_tiles.state_operand`); fp16 tiles could overflow
-        # there, so they and the forward's state products use tf32; fp32 inputs keep fp32 products
+        # bf16 token tiles stay bf16 in the products that sum over tokens (fp32 accumulation), and the products with
+        # a d × d state (its chunks summed in fp32) take it in bf16 too (`triton_tiles.state_operand`), as the torch
+        # backend's products under autocast do; fp16 tiles could overflow there, so they use tf32; fp32 inputs keep
+        # fp32 products
         "HALF_DOT": dtype == torch.bfloat16 and not interpreting(),
         "DOT_PRECISION": "tf32" if half and not interpreting() else "ieee",
     }
@@ -215,35 +218,53 @@ def num_chunks(
     return chunk, triton.cdiv(tokens, chunk)
 
 
-def row_strip(heads_pad: int) -> int:
-    """Columns of a strip of `triton_rows.output_rows_kernel`: its tiles (one row of a strip, every head of the
-    program) hold ROW_TILE token-heads, the rows of one warpgroup's tensor-core product (at least 16: a product's
+def row_strip(heads_pad: int, warps: int = ROW_WARPS) -> int:
+    """Columns of a strip of a rows kernel of ``warps`` warps: its tiles (one row of a strip, every head of the
+    program) hold ROW_TILE token-heads a warpgroup, the rows of its tensor-core products (at least 16: a product's
     least)."""
-    return max(16, ROW_TILE // heads_pad)
+    return max(16, ROW_TILE * (warps // 4) // heads_pad)
 
 
-def row_halo(kernel_size: int, heads_pad: int, channels: int, words: bool) -> dict:
+def output_row_warps(heads_pad: int) -> int:
+    """Warps of `triton_rows.output_rows_kernel`: two warpgroups from four heads a program on, one below. Two take
+    strips twice as wide in one program a multiprocessor (the same warps as two of one): at the benchmark shape
+    (4×32) strips of 32 columns read 36 for 32 instead of 20 for 16, and each program adds up the state's chunks for
+    twice the tokens (1,145 → 988 B a token, 0.125 → 0.108 ms by the cost figure). At two heads Triton 3.8 fails to
+    compile them (a pass's error, at strips of 32 and 64)."""
+    return 2 * ROW_WARPS if heads_pad >= 4 else ROW_WARPS
+
+
+def head_splits(heads_pad: int, warps: int) -> int:
+    """Pieces of a strip's row the output kernel's φ(q)·S products take as batches of their own (16 tokens each), so
+    that each warp has a batch: a batched product puts its warps on the batch axis, and with fewer heads than warps
+    two warps did the same work (at the benchmark shape in two warpgroups: 227 → 213 warp-instructions a token)."""
+    return warps // heads_pad if 1 < heads_pad < warps else 1
+
+
+def row_halo(kernel_size: int, heads_pad: int, channels: int, words: bool, warps: int = ROW_WARPS) -> dict:
     """HALO and WORDS of the rows kernels (`triton_rows.row_and_halo`): the K//2 columns on each side of a strip
     that its taps reach, 2·(K//2) rounded up to a power of two (a tile's size), and at least as many that the halo's
     tile (heads_pad × HALO × channels, or half as many 32-bit ``words``) holds an element per thread: Triton 3.8's
     gather from a smaller tile fails to compile (a pass's assertion, a RuntimeError at the first launch: one head of
     16 or 32 channels at DWC 3, one of 16 at DWC 5)."""
     elements = heads_pad * (channels // 2 if words else channels)
-    halo = max(triton.next_power_of_2(max(1, kernel_size - 1)), triton.cdiv(ROW_WARPS * 32, elements))
+    halo = max(triton.next_power_of_2(max(1, kernel_size - 1)), triton.cdiv(warps * 32, elements))
     return {"HALO": halo, "WORDS": words}
 
 
 def row_bands(
     images: int, map_h: int, map_w: int, groups: int, strip: int, device: torch.device,
-    multiprocessors: int | None = None,
+    multiprocessors: int | None = None, warps: int = ROW_WARPS,
 ) -> tuple[int, int, int]:  # fmt: skip
-    """(strips, rows per band, bands) of `triton_rows.output_rows_kernel`'s grid: strips of ``strip`` columns, each
-    cut into bands of rows so that images · strips · bands · groups fills the resident programs once, as close as it
-    gets (each band reads K - 1 rows more than it writes: its halo)."""
+    """(strips, rows per band, bands) of a rows kernel's grid: strips of ``strip`` columns, each cut into bands of
+    rows so that images · strips · bands · groups fills the resident programs once (PROGRAMS_PER_SM of ROW_WARPS
+    warps, or as many warps in fewer programs), as close as it gets (each band reads K - 1 rows more than it writes:
+    its halo)."""
     if multiprocessors is None:
         multiprocessors = device_multiprocessors(device)
     strips = triton.cdiv(map_w, strip)
-    bands = max(1, min(map_h, PROGRAMS_PER_SM * multiprocessors // max(images * strips * groups, 1)))
+    resident = max(1, PROGRAMS_PER_SM * ROW_WARPS // warps) * multiprocessors
+    bands = max(1, min(map_h, resident // max(images * strips * groups, 1)))
     band_rows = triton.cdiv(map_h, bands)
     return strips, band_rows, triton.cdiv(map_h, band_rows)
 
@@ -269,14 +290,14 @@ class RowWalk(NamedTuple):
 
 def row_walk(
     images: int, map_h: int, map_w: int, num_heads: int, heads_pad: int, device: torch.device,
-    multiprocessors: int | None = None, filling_groups: int | None = None,
+    multiprocessors: int | None = None, filling_groups: int | None = None, warps: int = ROW_WARPS,
 ) -> RowWalk:  # fmt: skip
-    """The walk of a rows kernel holding ``heads_pad`` heads a program: :func:`row_strip` and :func:`row_bands`, the
-    bands sized for its head groups' programs to fill the resident ones (``filling_groups``: count that many
-    instead; the weight gradient's kernel counts 1)."""
-    strip, groups = row_strip(heads_pad), triton.cdiv(num_heads, heads_pad)
+    """The walk of a rows kernel of ``warps`` warps holding ``heads_pad`` heads a program: :func:`row_strip` and
+    :func:`row_bands`, the bands sized for its head groups' programs to fill the resident ones (``filling_groups``:
+    count that many instead; the weight gradient's kernel counts 1)."""
+    strip, groups = row_strip(heads_pad, warps), triton.cdiv(num_heads, heads_pad)
     filling = groups if filling_groups is None else filling_groups
-    strips, band_rows, bands = row_bands(images, map_h, map_w, filling, strip, device, multiprocessors)
+    strips, band_rows, bands = row_bands(images, map_h, map_w, filling, strip, device, multiprocessors, warps)
     return RowWalk(images, strip, strips, band_rows, bands, heads_pad, groups)
 
 

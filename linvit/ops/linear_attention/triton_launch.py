@@ -17,14 +17,15 @@ from torch import Tensor
 from linvit.ops.linear_attention import triton_forward, triton_rows, triton_taps
 from linvit.ops.linear_attention.triton_feature_maps import FOCUSED, NORMS_PER_TOKEN
 from linvit.ops.linear_attention.triton_geometry import (
-    ROW_WARPS,
     Geometry,
     KernelOptions,
     Launch,
     geometry,
     head_groups,
+    head_splits,
     kernel_sizes,
     num_chunks,
+    output_row_warps,
     row_halo,
     row_walk,
     tile_trips,
@@ -158,11 +159,10 @@ def forward_plan(
         },  # fmt: skip
         lambda block: (trips(block),),
     )
-    output_sizes = {key: value for key, value in sizes.items() if key != "HALF_DOT"}
     if rows:
         partials = (partial_s, partial_z, partial_count)
         output = _output_rows(qkv, inverse_temperature, mask, partials, norms_args, dwc_weight, dwc_bias, out,
-                              {**output_sizes, **flags, "TAP_DTYPE": dwc["TAP_DTYPE"]}, chunks, multiprocessors,
+                              {**sizes, **flags, "TAP_DTYPE": dwc["TAP_DTYPE"]}, chunks, multiprocessors,
                               options)  # fmt: skip
     else:
         output = Launch(
@@ -188,7 +188,7 @@ def forward_plan(
                 "feature_eps": feature_eps,
             },
             {
-                **output_sizes,
+                **sizes,
                 **flags,
                 **dwc,
                 **bf16_pairs(qkv, head_dim, dwc, walked.windowed),
@@ -228,7 +228,9 @@ def _output_rows(
     """The launch of `triton_rows.output_rows_kernel`: strips in bands of rows (`triton_geometry.row_walk`), the state
     kernel's ``chunks`` partial states per image; ``constants``: the sizes and flags, with the taps' TAP_DTYPE."""
     images, map_h, map_w = qkv.shape[0], options.grid_h, options.grid_w
-    walk = row_walk(images, map_h, map_w, constants["H"], constants["H_PAD"], qkv.device, multiprocessors)
+    warps = output_row_warps(constants["H_PAD"])
+    walk = row_walk(images, map_h, map_w, constants["H"], constants["H_PAD"], qkv.device, multiprocessors,
+                    warps=warps)  # fmt: skip
     words = row_words(qkv, constants["D"])
     # heads of 32 in two halves of 16 channels (`triton_rows.conv_row_halves`), read as words, up to DWC 5; other
     # rows in words except at two heads of 17-32 (linvit_tiny's first stage at DWC 7), where they spill 8 B
@@ -273,14 +275,15 @@ def _output_rows(
             **(
                 {"HALO": 0, "WORDS": False}
                 if constants["TOKEN_NORMS"]
-                else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"], words)
+                else row_halo(kernel_size, constants["H_PAD"], constants["D_PAD"], words, warps)
             ),
             "HAS_BIAS": dwc_bias is not None,
             "HALVES": halves,
+            "SPLITS": head_splits(constants["H_PAD"], warps),
         },  # fmt: skip
         lambda block: (chunks, walk.band_rows + kernel_size - 1),
         tuned=False,
-        num_warps=ROW_WARPS,
+        num_warps=warps,
     )
 
 

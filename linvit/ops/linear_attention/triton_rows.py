@@ -22,6 +22,13 @@ shared memory for the whole band. Heads of 32 channels read as words take the co
 a half's older output rows in flight take one product, their taps side by side (at the benchmark shape the kernel
 went from 0.121 ms of tensor-core work to 0.065, from 267 warp-instructions a token to 243: fewer products, and a
 half's words go to the products as they are read).
+
+From four heads a program on the kernel runs two warpgroups (`triton_geometry.output_row_warps`): strips twice as
+wide, one program a multiprocessor, so that a row's halo and the state's chunks, which every program adds up, are
+read for twice the tokens (at the benchmark shape 1,145 → 988 B a token). The attention's products take S in bf16
+with bf16 inputs (`triton_tiles.state_operand`), φ(q) as â^p with its per-token scale applied to their results
+(`triton_feature_maps.scaled_features`), and a row in pieces of 16 tokens where a program has fewer heads than
+warps (`triton_geometry.head_splits`): 243 → 213 warp-instructions a token, 0.125 → 0.108 ms.
 """
 
 from __future__ import annotations
@@ -294,7 +301,8 @@ def output_rows_kernel(
     K: tl.constexpr, HALO: tl.constexpr, WORDS: tl.constexpr, MAP: tl.constexpr, POWER: tl.constexpr,
     PRESCALED: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKEN_NORMS: tl.constexpr, TAP_DTYPE: tl.constexpr,
-    SOFTPLUS: tl.constexpr = False, HALVES: tl.constexpr = False,
+    SOFTPLUS: tl.constexpr = False, HALVES: tl.constexpr = False, HALF_DOT: tl.constexpr = False,
+    SPLITS: tl.constexpr = 1,
 ):  # fmt: skip
     """out = φ(q) S / (φ(q)·z + eps) + DWC(v) (+ bias) for the tokens of strip ``program_id(1) % strips`` (STRIP
     columns) of band ``program_id(1) // strips`` (band_rows rows) of image ``program_id(0)`` (its group's heads).
@@ -306,6 +314,7 @@ def output_rows_kernel(
     head0 = tiles.first_head(H, H_PAD)
     channels, channel_ok, inv = tiles.channels_and_inverse(inv_ptr, head0, H, D, H_PAD, D_PAD, SOFTPLUS)
     s, z = tiles.reduced_state(s_ptr, z_ptr, count_ptr, b, chunks, head0, H, D, H_PAD, D_PAD)
+    s = _split_states(tiles.state_operand(s, HALF_DOT), SPLITS)
     q_base = qkv_ptr + b.to(tl.int64) * stride_b
     v_base = q_base + 2 * H * D
     out_base = out_ptr + b.to(tl.int64) * out_stride_b
@@ -330,7 +339,7 @@ def output_rows_kernel(
             conv = _side_by_side((firsts[0], seconds[0]), H_PAD * STRIP, D_PAD // 2)  # the halves' channels
             _output_row(conv, bias, j - R, top, columns, column_ok, q_base, out_base, norms_base, channels,
                         channel_ok, inv, s, z, stride_n, out_stride_n, map_w, eps, feature_eps, H_PAD, MAP, POWER,
-                        PRESCALED, TOKEN_NORMS, DOT_PRECISION)  # fmt: skip
+                        PRESCALED, TOKEN_NORMS, DOT_PRECISION, SPLITS)  # fmt: skip
             firsts = firsts[1:]
             seconds = seconds[1:]
     else:
@@ -342,7 +351,7 @@ def output_rows_kernel(
                                WORDS)  # fmt: skip
             _output_row(sums[0], bias, j - R, top, columns, column_ok, q_base, out_base, norms_base, channels,
                         channel_ok, inv, s, z, stride_n, out_stride_n, map_w, eps, feature_eps, H_PAD, MAP, POWER,
-                        PRESCALED, TOKEN_NORMS, DOT_PRECISION)  # fmt: skip
+                        PRESCALED, TOKEN_NORMS, DOT_PRECISION, SPLITS)  # fmt: skip
             ring = sums[1:]
 
 
@@ -350,18 +359,41 @@ def output_rows_kernel(
 def _output_row(conv, bias, row, top, columns, column_ok, q_base, out_base, norms_base, channels, channel_ok, inv,
                 s, z, stride_n, out_stride_n, map_w, eps, feature_eps, H_PAD: tl.constexpr, MAP: tl.constexpr,
                 POWER: tl.constexpr, PRESCALED: tl.constexpr, TOKEN_NORMS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):  # fmt: skip
+                DOT_PRECISION: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
     """Output row ``row`` of the strip, its conv ``conv`` (H_PAD·STRIP, D_PAD) complete: its attention and the conv's
-    bias added, and written. (The conv is reshaped to the tile here, not before: beside the ring, the reshaped tile
-    held registers that spilled 24 B at 2×31 with DWC 5.)"""
+    bias added, and written; ``s``: the states as :func:`_split_states` gives them. φ(q) = y · scale
+    (`triton_feature_maps.scaled_features`) goes to the products as y, its per-token scale applied to their results
+    (a multiply an element less). (The conv is reshaped to the tile here, not before: beside the ring, the reshaped
+    tile held registers that spilled 24 B at 2×31 with DWC 5.)"""
     places = row * map_w + columns
     row_ok = column_ok & (row >= top)
     ok = row_ok[None, :, None] & channel_ok
     x = tiles.load_tile(q_base, places, ok, stride_n, channels)
     m, sq_a, sq_y = maps.load_norms(norms_base, places, row_ok, TOKEN_NORMS)
-    phi = maps.features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED, TOKEN_NORMS)
+    y, scale = maps.scaled_features(x, inv, channel_ok, feature_eps, m, sq_a, sq_y, MAP, POWER, PRESCALED,
+                                    TOKEN_NORMS)  # fmt: skip
     # no zeros where not ok: S and z are 0 in padded channels, and rows past the band are not stored
-    num = tiles.head_product(phi, s, H_PAD, DOT_PRECISION)
-    den = tl.sum(phi * z[:, None, :], axis=2) + eps
-    out = num * (1.0 / den)[:, :, None] + bias + tl.reshape(conv, (H_PAD, columns.shape[0], conv.shape[1]))
+    num = _split_product(y.to(s.dtype), s, H_PAD, DOT_PRECISION, SPLITS)
+    den = tl.sum(y * z[:, None, :], axis=2) * scale[None, :] + eps
+    conv = tl.reshape(conv, (H_PAD, columns.shape[0], conv.shape[1]))
+    out = num * (scale[None, :] / den)[:, :, None] + bias + conv
     tl.store(out_base + places[None, :, None] * out_stride_n + channels, out, mask=ok)
+
+
+@triton.jit
+def _split_states(s, SPLITS: tl.constexpr):
+    """The heads' states (H_PAD, d, d) for :func:`_split_product`: with SPLITS 2 each twice, (2·H_PAD, d, d), head
+    h's at 2h and 2h + 1 (built once a program)."""
+    tl.static_assert(SPLITS == 1 or SPLITS == 2)
+    if SPLITS == 2:
+        s = tl.reshape(tl.permute(tl.join(s, s), (0, 3, 1, 2)), (2 * s.shape[0], s.shape[1], s.shape[2]))
+    return s
+
+
+@triton.jit
+def _split_product(y, states, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLITS: tl.constexpr):
+    """y @ S for every head of a row's tile y (H_PAD, STRIP, d), its row cut into SPLITS pieces that multiply as
+    batches of their own (`triton_geometry.head_splits`: a warp a batch)."""
+    pieces = tl.reshape(y, (SPLITS * H_PAD, y.shape[1] // SPLITS, y.shape[2]))
+    num = tiles.head_product(pieces, states, SPLITS * H_PAD, DOT_PRECISION)
+    return tl.reshape(num, (H_PAD, y.shape[1], states.shape[2]))

@@ -237,10 +237,12 @@ def head_product(a, b, H_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 @triton.jit
 def state_operand(s, HALF_DOT: tl.constexpr):
-    """A backward kernel's d × d state (S, or dL/dS) as the operand of its products with the token tiles: bf16 with
-    bf16 inputs (fp32 accumulation), as the torch backend's products under autocast and fla's chunk kernels take
-    them; fp32 otherwise (tf32 with fp16 inputs, which could overflow in half). fp32 operands hold twice the
-    registers: query_grad and key_value_grad spill at 4 warps under Triton 3.6 with them."""
+    """A d × d state (S, or dL/dS; its chunks summed in fp32) as the operand of a kernel's products with the token
+    tiles: bf16 with bf16 inputs (fp32 accumulation), as the torch backend's products under autocast and fla's chunk
+    kernels take them; fp32 otherwise (tf32 with fp16 inputs, which could overflow in half). fp32 operands hold
+    twice the registers (query_grad and key_value_grad spill at 4 warps under Triton 3.6 with them) and take twice
+    the products (tf32 takes 8 of a product's sum a step, bf16 16): the forward's output kernel at the benchmark shape
+    issued 243 warp-instructions a token with fp32 S, 216 with bf16."""
     if HALF_DOT:
         s = s.to(tl.bfloat16)
     return s
