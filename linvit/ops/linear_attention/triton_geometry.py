@@ -222,7 +222,7 @@ def row_strip(heads_pad: int, warps: int = ROW_WARPS) -> int:
     """Columns of a strip of a rows kernel of ``warps`` warps: its tiles (one row of a strip, every head of the
     program) hold ROW_TILE token-heads a warpgroup, the rows of its tensor-core products (at least 16: a product's
     least)."""
-    return max(16, ROW_TILE * (warps // 4) // heads_pad)
+    return max(16, ROW_TILE * (warps // ROW_WARPS) // heads_pad)
 
 
 def output_row_warps(heads_pad: int) -> int:
