@@ -4,7 +4,12 @@
   int8``: images of the run's own training split): QDQ format (``QuantizeLinear``/``DequantizeLinear`` pairs around
   each quantized node, the form ONNX Runtime's CPU execution provider fuses into its fastest int8 kernels), weights
   int8 (7 bits, below) per output channel, activations uint8 per tensor (u8s8, ONNX Runtime's default for x86),
-  ranges from the calibration images' minima and maxima.
+  ranges from the calibration images' minima and maxima. The products (``MatMul``, ``Gemm``) read int8 and give
+  float (:data:`FLOAT_OUTPUT_OP_TYPES`: no ``QuantizeLinear`` after them), which ONNX Runtime runs as
+  ``MatMulIntegerToFloat``: their results feed float ops (bias adds, layer norms, GELU, the residual sums), and a
+  quantized output put a quantize and a dequantize between each product and those. ``linvit_tiny`` at 1024² on a
+  2-core Intel Xeon (AMX, 2026-12-06): 875 -> 684 ms, 1.31x -> 1.68x faster than fp32 (1,150 ms), the largest logit
+  error on a random image 8.0% -> 3.7% of the largest logit; the README's digits run 10.0% -> 8.1%, top-1 unchanged.
 - **Dynamic** (:func:`quantize_dynamic_int8`), without them (``--model NAME``): weights int8 per channel, activations
   quantized at run time from each input's own range.
 
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FLOAT_OUTPUT_OP_TYPES",
     "QUANTIZED_OP_TYPES",
     "QUANTIZE_CHOICES",
     "compare_onnx",
@@ -48,6 +54,7 @@ __all__ = [
 
 QUANTIZE_CHOICES = ("int8",)
 QUANTIZED_OP_TYPES = ("Conv", "MatMul", "Gemm")
+FLOAT_OUTPUT_OP_TYPES = ("MatMul", "Gemm")  # their outputs stay float in the static file
 INPUT_NAME = "image"
 
 
@@ -117,6 +124,8 @@ def quantize_static_int8(
             activation_type=quantization.QuantType.QUInt8,
             weight_type=quantization.QuantType.QInt8,
             calibrate_method=quantization.CalibrationMethod.MinMax,
+            # int8 products that give float: ONNX Runtime fuses them into MatMulIntegerToFloat (module docstring)
+            extra_options={"OpTypesToExcludeOutputQuantization": list(FLOAT_OUTPUT_OP_TYPES)},
         )
 
     return write_file(out, write, "onnx", force=force)
