@@ -112,9 +112,10 @@ def test_products_give_float_so_onnx_runtime_runs_them_as_integer_to_float(stati
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     ort.InferenceSession(str(static_file), options, providers=["CPUExecutionProvider"])
     fused = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
-    matmuls = sum(node.op_type == "MatMul" for node in products)
-    assert "MatMul" not in fused  # every product runs in int8
+    assert "MatMul" not in fused and "Gemm" not in fused  # every product runs in int8
+    matmuls = sum(node.op_type == "MatMul" for node in products)  # the attention's (the layers' are Gemm)
     assert fused.count("MatMulIntegerToFloat") >= 0.75 * matmuls, sorted(set(fused))
+    assert fused.count("QGemm") == len(products) - matmuls  # the linear layers, biases included
 
 
 def test_static_file_agrees_with_fp32_within_the_stated_tolerance(fp32_file, static_file):
