@@ -424,7 +424,6 @@ def _save_onnx(onnx_program: Any, path: Path, force: bool) -> None:
         staged = staging / path.name
         try:
             onnx_program.save(staged, external_data=False)  # one file unless the weights pass 2 GB
-            _linear_layers_as_gemm(staged)
         except OSError as error:
             raise refuse_os_error(path, error) from None
         data = staging / f"{path.name}.data"
@@ -433,18 +432,6 @@ def _save_onnx(onnx_program: Any, path: Path, force: bool) -> None:
         move_into_place(staged, path, "onnx", force=force)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _linear_layers_as_gemm(staged: Path) -> None:
-    """The saved file with its linear layers as ``Gemm`` (:mod:`linvit.utils.onnx_gemm`); weights held in a
-    ``.data`` file stay there, referenced as before."""
-    import onnx
-
-    from linvit.utils.onnx_gemm import linear_layers_as_gemm
-
-    model = onnx.load(str(staged), load_external_data=False)
-    if linear_layers_as_gemm(model):
-        onnx.save(model, str(staged))
 
 
 def onnx_data_file(path: str | os.PathLike) -> Path | None:
