@@ -1,4 +1,4 @@
-"""Building blocks shared by the model families: the staged-backbone frame, the token stage, heads, blocks, stems."""
+"""Building blocks shared by the model families: the staged-backbone frame, token stages, heads, blocks, MLPs, stems."""
 
 from linvit.layers.arguments import check_creation_arguments, take_feature_indices
 from linvit.layers.backbone import Backbone, StagedBackbone, init_linear_weights, no_weight_decay_names
@@ -6,6 +6,7 @@ from linvit.layers.block import PreNormBlock, TransformerBlock
 from linvit.layers.downsample import ConvDownsample
 from linvit.layers.heads import ClassifierHeadMixin, LinearHeadMixin
 from linvit.layers.image_input import check_image_batch, min_size_pair
+from linvit.layers.mlp import Mlp
 from linvit.layers.position import ConvPosEnc, map_to_tokens, tokens_to_map
 from linvit.layers.stage import (
     TokenStage,
@@ -23,6 +24,7 @@ __all__ = [
     "ConvPosEnc",
     "ConvStem",
     "LinearHeadMixin",
+    "Mlp",
     "PreNormBlock",
     "StagedBackbone",
     "TokenStage",

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from torch import nn
 
 from linvit.attention import create_attention
+from linvit.layers.mlp import Mlp
 from linvit.layers.position import ConvPosEnc
 
 

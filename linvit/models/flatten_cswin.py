@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from timm.layers import DropPath, LayerNorm2d, Mlp
+from timm.layers import DropPath, LayerNorm2d
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
@@ -47,6 +47,7 @@ from linvit.attention import (
 from linvit.attention.stripe import stripe_window
 from linvit.layers import (
     ClassifierHeadMixin,
+    Mlp,
     StagedBackbone,
     TokenStage,
     conv_grids,

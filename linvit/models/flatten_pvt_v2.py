@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Mlp
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from linvit.attention import stage_attention_specs
 from linvit.layers import (
     ClassifierHeadMixin,
+    Mlp,
     PreNormBlock,
     StagedBackbone,
     TokenStage,

@@ -1,0 +1,33 @@
+"""The blocks' MLP: timm's ``Mlp`` (same arguments, same state dict), whose GELU runs in place without autograd.
+
+fc1's output is a new tensor that nothing else holds, so without autograd GELU can overwrite it instead of writing a
+second tensor as wide (4C a token): one large buffer fewer to allocate and first touch a block. ``linvit_tiny`` at
+1024², eager, batch 1, on a 2-core Intel Xeon (2026-12-06, 5 interleaved runs): 1,042 -> 981 ms, the same output to
+the bit. With autograd on (training, or anything that asks for gradients), under ``torch.compile`` / ``torch.export``
+(which make their own choices) and in TorchScript, it is timm's ``Mlp``. A forward hook on ``fc1`` sees its output
+after the GELU when the in-place path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import Mlp as TimmMlp
+from torch import nn
+
+__all__ = ["Mlp"]
+
+
+class Mlp(TimmMlp):
+    """timm's ``Mlp`` with the GELU in place where nothing needs fc1's output (module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting() or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return super().forward(x)
+        if not isinstance(self.act, nn.GELU) or not isinstance(self.drop1, nn.Identity | nn.Dropout):
+            return super().forward(x)
+        x = self.fc1(x)
+        torch.ops.aten.gelu_(x, approximate=self.act.approximate)
+        x = self.drop1(x)
+        x = self.norm(x)
+        x = self.fc2(x)
+        return self.drop2(x)
