@@ -99,6 +99,28 @@ def test_a_bias_other_nodes_read_is_copied_for_the_gemm():
     np.testing.assert_allclose(_run(model, x)[0], _run(before, x)[0], rtol=1e-6, atol=1e-6)
 
 
+def test_a_second_rewrite_of_a_rewritten_file_makes_no_name_twice():
+    layer = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])]
+    model = _graph(layer, ["y"], LINEAR)
+    assert linear_layers_as_gemm(model) == 1
+    model.graph.node.extend(
+        [helper.make_node("MatMul", ["y", "w2"], ["p2"]), helper.make_node("Add", ["p2", "b2"], ["z"])]
+    )
+    rng = np.random.default_rng(3)
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(rng.standard_normal((N, N)).astype(np.float32), "w2"),
+            numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b2"),
+        ]
+    )
+    model.graph.output[0].name = "z"
+    assert linear_layers_as_gemm(model) == 1
+    onnx.checker.check_model(model)  # unique names
+    names = [name for node in model.graph.node for name in node.output] + [t.name for t in model.graph.initializer]
+    assert len(names) == len(set(names))
+    assert _run(model, np.ones((1, 2, K), np.float32))[0].shape == (1, 2, N)
+
+
 def test_below_opset_15_nothing_is_rewritten():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])]
     model = _graph(nodes, ["y"], LINEAR, opset=14)

@@ -67,11 +67,15 @@ def linear_layers_as_gemm(model: Any) -> int:
         bias = bias_of(node, users[0])
         return None if bias is None else (users[0], bias)
 
+    taken = set(weights) | {name for node in graph.node for name in (*node.input, *node.output, node.name)}
+    prefix = PREFIX
+    while any(name.startswith(prefix) for name in taken):  # a file rewritten before: new names stay new
+        prefix += "_"
     shapes: dict[tuple[int, ...], str] = {}  # the (-1, K) and (N,) constants, one per width
 
     def constant(*values: int) -> str:
         if values not in shapes:
-            name = f"{PREFIX}_shape_{len(shapes)}"
+            name = f"{prefix}_shape_{len(shapes)}"
             graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
             shapes[values] = name
         return shapes[values]
@@ -89,7 +93,7 @@ def linear_layers_as_gemm(model: Any) -> int:
             continue
         add, bias = found
         k, n = weights[node.input[1]].dims
-        base = f"{PREFIX}_{count}"
+        base = f"{prefix}_{count}"
         if len(readers[bias]) > 1:  # the exporter merges equal constants (zero biases and norms' shifts): a Gemm's
             own = copy.deepcopy(weights[bias])  # bias gets quantized to int32, the other readers' must not
             own.name = bias = f"{base}_bias"

@@ -54,3 +54,19 @@ def test_another_activation_takes_timms_path():
     with torch.no_grad():
         ops = _aten_ops(mlp, torch.randn(2, 10, 16))
     assert "aten::gelu_" not in ops and "aten::relu" in ops
+
+
+@pytest.mark.parametrize("watched", ["fc1", "act"])
+def test_a_hook_on_fc1_or_the_activation_sees_what_timms_mlp_shows_it(watched):
+    ours, theirs = _pair()
+    seen = {}
+
+    def keep(name):
+        return lambda module, inputs, output: seen.setdefault(name, output)  # a reference, as hooks keep them
+
+    getattr(ours, watched).register_forward_hook(keep("ours"))
+    getattr(theirs, watched).register_forward_hook(keep("theirs"))
+    x = torch.randn(2, 10, 16)
+    with torch.no_grad():
+        ours(x), theirs(x)
+    assert torch.equal(seen["ours"], seen["theirs"])
