@@ -21,16 +21,25 @@ class Mlp(TimmMlp):
     """timm's ``Mlp`` with the GELU in place where nothing needs fc1's output (module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting() or torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return super().forward(x)
-        if not isinstance(self.act, nn.GELU) or _watched(self.fc1) or _watched(self.act):
-            return super().forward(x)
+        # timm's Mlp.forward, written out (TorchScript has no super()) around the activation
         x = self.fc1(x)
-        torch.ops.aten.gelu_(x, approximate=self.act.approximate)
+        x = self._activate(x)
         x = self.drop1(x)
         x = self.norm(x)
         x = self.fc2(x)
         return self.drop2(x)
+
+    def _activate(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
+            if self._gelu_in_place():
+                return torch.ops.aten.gelu_(x, approximate=self.act.approximate)
+        return self.act(x)
+
+    @torch.jit.unused
+    def _gelu_in_place(self) -> bool:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not isinstance(self.act, nn.GELU):
+            return False
+        return not (_watched(self.fc1) or _watched(self.act))
 
 
 def _watched(module: nn.Module) -> bool:
