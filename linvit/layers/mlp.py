@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from timm.layers import Mlp as TimmMlp
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
 __all__ = ["Mlp"]
 
@@ -44,8 +45,6 @@ class Mlp(TimmMlp):
 
 def _watched(module: nn.Module) -> bool:
     """Whether a forward hook (the module's own or a global one) would see this module's call."""
-    from torch.nn.modules import module as module_hooks
-
     return bool(
         module._forward_hooks
         or module._forward_pre_hooks

@@ -85,7 +85,7 @@ def linear_layers_as_gemm(model: Any) -> int:
     removed_values: set[str] = set()
     count = 0
     for node in graph.node:
-        if id(node) in replaced:
+        if id(node) in replaced:  # a rewritten layer's Add (it comes after its MatMul)
             continue
         found = rewritable(node)
         if found is None:
@@ -109,7 +109,6 @@ def linear_layers_as_gemm(model: Any) -> int:
         replaced.add(id(add))
         removed_values.add(node.output[0])
         count += 1
-    rewritten = [node for node in rewritten if id(node) not in replaced]
     del graph.node[:]
     graph.node.extend(rewritten)
     kept_info = [value for value in graph.value_info if value.name not in removed_values]
