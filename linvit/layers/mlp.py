@@ -1,11 +1,15 @@
-"""The blocks' MLP: timm's ``Mlp`` (same arguments, same state dict), whose GELU runs in place without autograd.
+"""The blocks' MLP: timm's ``Mlp`` (same arguments, same state dict), with fc1 and its GELU fused for inference.
 
-fc1's output is a new tensor that nothing else holds, so without autograd GELU can overwrite it instead of writing a
-second tensor as wide (4C a token): one large buffer fewer to allocate and first touch a block. ``linvit_tiny`` at
-1024², eager, batch 1, on a 2-core Intel Xeon (2026-12-06, 5 interleaved runs): 1,042 -> 981 ms, the same output to
-the bit. With autograd on (training, or anything that asks for gradients), under ``torch.compile`` / ``torch.export``
-(which make their own choices), in TorchScript, with another activation, and while a hook watches ``fc1`` or the
-activation (which must see fc1's output unchanged, and the activation called), it is timm's ``Mlp``.
+Without autograd, fc1 and the GELU run as one oneDNN GEMM on the CPU (`linvit.ops.onednn`: the bias and the
+GELU applied as each tile is stored, where eager ``addmm`` writes the bias into a new output and GELU rereads it),
+and fc2 with its bias inside the GEMM. Where that op is not ready (another device or dtype, oneDNN off), GELU runs
+in place on fc1's output, a tensor that nothing else holds: one 4C-wide buffer fewer to allocate and first touch.
+``linvit_tiny`` at 1024², eager, batch 1, on a 2-core Intel Xeon (2026-12-06, interleaved runs): in place 1,042 ->
+981 ms, the same output to the bit; fused, fp32 938 -> 900 ms and bf16 508 -> 463 ms with every linear layer fused.
+
+With autograd on (training, or anything that asks for gradients), under ``torch.compile`` / ``torch.export``
+(which make their own choices), in TorchScript, with another activation, and while a hook watches ``fc1``, ``fc2``
+or the activation (which must see what timm's ``Mlp`` shows them, and the activation called), it is timm's ``Mlp``.
 """
 
 from __future__ import annotations
@@ -13,41 +17,41 @@ from __future__ import annotations
 import torch
 from timm.layers import Mlp as TimmMlp
 from torch import nn
-from torch.nn.modules import module as module_hooks
+
+from linvit.ops.onednn import linear, linear_gelu, onednn_linear_ready, plain_linear, watched
 
 __all__ = ["Mlp"]
 
 
 class Mlp(TimmMlp):
-    """timm's ``Mlp`` with the GELU in place where nothing needs fc1's output (module docstring)."""
+    """timm's ``Mlp`` with fc1 + GELU fused, or the GELU in place, where nothing needs fc1's output (module
+    docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # timm's Mlp.forward, written out (TorchScript has no super()) around the activation
-        x = self.fc1(x)
-        x = self._activate(x)
+        # timm's Mlp.forward, written out (TorchScript has no super()) around fc1, the activation and fc2
+        x = self._fc1_activation(x)
         x = self.drop1(x)
         x = self.norm(x)
-        x = self.fc2(x)
+        x = self._fc2(x)
         return self.drop2(x)
 
-    def _activate(self, x: torch.Tensor) -> torch.Tensor:
+    def _fc1_activation(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
-            if self._gelu_in_place():
-                return torch.ops.aten.gelu_(x, approximate=self.act.approximate)
-        return self.act(x)
+            if self._gelu_unwatched():
+                if onednn_linear_ready(x, self.fc1.weight, self.fc1.bias):
+                    return linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate)
+                return torch.ops.aten.gelu_(self.fc1(x), approximate=self.act.approximate)
+        return self.act(self.fc1(x))
+
+    def _fc2(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # noqa: SIM102
+            if plain_linear(self.fc2):
+                return linear(x, self.fc2.weight, self.fc2.bias)
+        return self.fc2(x)
 
     @torch.jit.unused
-    def _gelu_in_place(self) -> bool:
+    def _gelu_unwatched(self) -> bool:
+        """fc1 then GELU, with nothing watching fc1's output: autograd off, no compiler, no hook on fc1 or the act."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or not isinstance(self.act, nn.GELU):
             return False
-        return not (_watched(self.fc1) or _watched(self.act))
-
-
-def _watched(module: nn.Module) -> bool:
-    """Whether a forward hook (the module's own or a global one) would see this module's call."""
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module_hooks._global_forward_hooks
-        or module_hooks._global_forward_pre_hooks
-    )
+        return plain_linear(self.fc1) and not watched(self.act)

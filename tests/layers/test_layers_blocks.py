@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from linvit.layers import ConvDownsample, ConvPosEnc, ConvStem, TransformerBlock, map_to_tokens, tokens_to_map
+from linvit.ops.onednn import _onednn_op
 
 
 def _reference_tokens_to_map(x, hw):
@@ -53,6 +55,55 @@ def test_stem_matches_reference():
     ref = F.conv2d(ref, stem.conv2.weight, stride=2, padding=1)
     ref = F.batch_norm(ref, stem.norm2.running_mean, stem.norm2.running_var, stem.norm2.weight, stem.norm2.bias)
     torch.testing.assert_close(stem(x), ref, rtol=1e-4, atol=1e-5)
+
+
+def _stem_with_statistics(in_chans: int = 3) -> ConvStem:
+    """A stem whose BatchNorms hold running statistics and affine terms far from their initial 0/1."""
+    torch.manual_seed(0)
+    stem = ConvStem(in_chans, 16)
+    for norm in (stem.norm1, stem.norm2):
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.2, 3.0)
+        norm.weight.data.normal_()
+        norm.bias.data.normal_()
+    return stem.eval()
+
+
+def _stem_reference(stem: ConvStem, x: torch.Tensor) -> torch.Tensor:
+    ref = F.conv2d(x, stem.conv1.weight, stride=2, padding=1)
+    ref = F.gelu(F.batch_norm(ref, stem.norm1.running_mean, stem.norm1.running_var, stem.norm1.weight, stem.norm1.bias))
+    ref = F.conv2d(ref, stem.conv2.weight, stride=2, padding=1)
+    return F.batch_norm(ref, stem.norm2.running_mean, stem.norm2.running_var, stem.norm2.weight, stem.norm2.bias)
+
+
+@pytest.mark.skipif(not _onednn_op("_convolution_pointwise"), reason="this torch has no oneDNN fused convolution")
+@pytest.mark.parametrize("in_chans", [3, 1])
+def test_stem_in_eval_without_autograd_folds_its_norms_into_onednn_convolutions(in_chans):
+    stem = _stem_with_statistics(in_chans)
+    x = torch.randn(2, in_chans, 37, 29)
+    with torch.no_grad():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = stem(x)
+        expected = _stem_reference(stem, x)
+    ops = {event.key for event in prof.key_averages()}
+    assert "mkldnn::_convolution_pointwise" in ops and not {"aten::native_batch_norm", "aten::gelu"} & ops
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_stem_in_training_mode_or_watched_keeps_its_norms():
+    stem = _stem_with_statistics()
+    x = torch.randn(2, 3, 16, 16)
+    seen = []
+    stem.norm1.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    with torch.no_grad():
+        torch.testing.assert_close(stem(x), _stem_reference(stem, x), rtol=1e-4, atol=1e-5)
+    assert len(seen) == 1
+    stem = _stem_with_statistics().train()
+    with torch.no_grad():
+        out = stem(x)
+    # batch statistics, not the running ones: each channel's mean over the batch is the norm's shift
+    torch.testing.assert_close(out.mean(dim=(0, 2, 3)), stem.norm2.bias.detach(), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("hw", [(5, 7), (1, 1), (8, 8)])

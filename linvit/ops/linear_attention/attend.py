@@ -23,6 +23,7 @@ from torch import Tensor
 
 from linvit.ops._backend import resolve_backend
 from linvit.ops._numerics import at_least_float32, autocast_device_type
+from linvit.ops.onednn import linear
 from linvit.ops.linear_attention import linear_attention_qkv
 from linvit.ops.linear_attention.arguments import inverse_of_scale
 from linvit.ops.linear_attention.feature_maps import favor_feature_map, taylor_feature_map
@@ -125,7 +126,7 @@ def focused_linear_attention(
         qkv = folded_projection(tokens, qkv_weight, qkv_bias, inverse_temperature, feature_eps)
         prescaled = True
     else:
-        qkv = F.linear(tokens, qkv_weight, qkv_bias)
+        qkv = linear(tokens, qkv_weight, qkv_bias)
     channels = qkv.shape[-1] // 3
 
     key_position: Tensor | None = None
@@ -226,7 +227,7 @@ def folded_projection(
     if bias is not None:
         qk_bias = torch.addcmul(qk_bias, bias[: 2 * dim], inverse)
         value_bias = bias[2 * dim :]
-    return F.linear(x, folded_weight, torch.cat([qk_bias, value_bias]))
+    return linear(x, folded_weight, torch.cat([qk_bias, value_bias]))
 
 
 def _mapped_attention(
