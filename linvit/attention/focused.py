@@ -178,7 +178,9 @@ class FocusedLinearAttention(ProjectedAttention):
             num_prefix_tokens=self.num_prefix_tokens, eps=self.eps, feature_eps=self.feature_eps, backend=self.backend,
         )  # fmt: skip
         # the projection runs once the attention has returned: its qkv buffer is free for the output to reuse
-        return self.project_out(out)
+        if self.proj is not None:
+            out = self.proj(out)
+        return self.proj_drop(out)
 
     @torch.jit.unused
     def set_pos_size(self, pos_size) -> None:

@@ -90,7 +90,7 @@ def watched(module: nn.Module) -> bool:
 @torch.jit.unused
 def onednn_linear_ready(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether the fused oneDNN op may stand in for ``F.linear(x, weight, bias)`` here (module docstring)."""
-    return weight.dim() == 2 and onednn_ready(x, weight, bias, "_linear_pointwise")
+    return onednn_ready(x, weight, bias, "_linear_pointwise") and weight.dim() == 2  # x first: an FX proxy is out
 
 
 @torch.jit.unused

@@ -96,16 +96,22 @@ def test_a_flop_counter_sees_the_linear_layer():
     assert counter.get_total_flops() == 2 * x.shape[0] * x.shape[1] * weight.shape[0] * weight.shape[1]
 
 
-def test_traced_and_exported_graphs_hold_the_standard_linear():
+def test_traced_symbolic_and_exported_graphs_hold_the_standard_linear():
     x, weight, b = _operands()
 
     class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(weight), nn.Parameter(b)  # FX makes parameters proxies too
+
         def forward(self, x):
-            return linear_gelu(x, weight, b)
+            return linear_gelu(x, self.weight, self.bias)
 
     with torch.no_grad():
         traced = torch.jit.trace(Layer(), x)
         exported = torch.export.export(Layer(), (x,))
+        symbolic = torch.fx.symbolic_trace(Layer())  # FX proxies: no branch on them, F.linear recorded
+    assert "linear" in str(symbolic.graph) and "mkldnn" not in str(symbolic.graph)
     assert "aten::linear" in str(traced.graph) and "mkldnn" not in str(traced.graph)
     assert "aten.linear" in str(exported.graph) and "mkldnn" not in str(exported.graph)
     torch.testing.assert_close(exported.module()(x), F.gelu(F.linear(x, weight, b)))
