@@ -62,6 +62,9 @@ KINDS = (  # aten op names and ONNX Runtime op types; the first kind with a mark
 )
 
 
+LEAF_NAMESPACES = ("aten::", "mkldnn::", "mkl::")
+
+
 def kind_of(op_name: str) -> str:
     name = op_name.split("::")[-1].lower()
     for kind, markers in KINDS:
@@ -81,9 +84,12 @@ def profile(fn, steps: int = 3):
         for _ in range(steps):
             fn()
     events = prof.key_averages()
-    # Leaf-level view: self time of aten ops (composite ops add little self time on top of their kernels).
+    # Leaf-level view: self time of aten ops (composite ops add little self time on top of their kernels) and of the
+    # oneDNN / MKL ops that CPU inference calls directly (linvit.ops.onednn's fused linear layers and convolutions)
     rows = [
-        (e.key, e.self_cpu_time_total / steps / 1e3, e.count // steps) for e in events if e.key.startswith("aten::")
+        (e.key, e.self_cpu_time_total / steps / 1e3, e.count // steps)
+        for e in events
+        if e.key.startswith(LEAF_NAMESPACES)
     ]
     total = sum(r[1] for r in rows) or 1.0
     by_kind: dict[str, float] = defaultdict(float)

@@ -5,7 +5,8 @@ GELU applied as each tile is stored, where eager ``addmm`` writes the bias into 
 and fc2 with its bias inside the GEMM. Where that op is not ready (another device or dtype, oneDNN off), GELU runs
 in place on fc1's output, a tensor that nothing else holds: one 4C-wide buffer fewer to allocate and first touch.
 ``linvit_tiny`` at 1024², eager, batch 1, on a 2-core Intel Xeon (2026-12-06, interleaved runs): in place 1,042 ->
-981 ms, the same output to the bit; fused, fp32 938 -> 900 ms and bf16 508 -> 463 ms with every linear layer fused.
+981 ms, the same output to the bit; with every linear layer and the stem fused (`linvit.ops.onednn`), fp32 1,050 ->
+972 ms and bf16 autocast 519 -> 458 ms.
 
 With autograd on (training, or anything that asks for gradients), under ``torch.compile`` / ``torch.export``
 (which make their own choices), in TorchScript, with another activation, and while a hook watches ``fc1``, ``fc2``

@@ -6,8 +6,8 @@ accumulates the product into it, and the MLP's GELU reads and writes that output
 bias and applies the activation as it stores each tile (``torch.ops.mkldnn._linear_pointwise``, the op that
 inductor's CPU fusions call), so the output is written once; its convolution (``_convolution_pointwise``) does the
 same for a conv whose BatchNorm the caller folded into its weight and bias. ``linvit_tiny`` at 1024², batch 1,
-2 threads, on an Intel Xeon (2026-12-06, interleaved runs): the linear layers fp32 1,047 -> 1,019 ms and bf16
-autocast 523 -> 461 ms; the stem fp32 57 -> 27 ms.
+2 threads, on an Intel Xeon (2026-12-06, the two paths interleaved in one process): fp32 1,050 -> 972 ms, bf16
+autocast 519 -> 458 ms (the stem alone, fp32: 57 -> 27 ms).
 
 The fused ops have no autograd formula and no export or ONNX form, so they run only where nothing but the result is
 asked for: autograd off, a CPU tensor in float32 (or bf16 where oneDNN runs it natively, by the tensors' dtype or

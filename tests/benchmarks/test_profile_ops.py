@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from linvit.bench.profile_ops import kind_of, profile_onnxruntime
+from linvit.bench.profile_ops import kind_of, profile, profile_onnxruntime
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,8 @@ from linvit.bench.profile_ops import kind_of, profile_onnxruntime
         ("Softmax", "sdpa/softmax"),
         ("Relu", "elementwise"),
         ("aten::native_layer_norm", "norm/reduction"),
+        ("mkldnn::_linear_pointwise", "matmul"),  # linvit.ops.onednn's fused linear layers
+        ("mkldnn::_convolution_pointwise", "convolution"),
     ],
 )
 def test_kind_of_names_aten_ops_and_onnxruntime_op_types(op, kind):
@@ -49,3 +51,20 @@ def test_onnxruntime_profile_counts_each_node_type_of_a_run(tmp_path):
     assert ops.get("Conv", ops.get("FusedConv")) == 1  # one node of each, whatever ONNX Runtime fused
     assert "convolution" in by_kind and "matmul" in by_kind
     assert [ms for _, ms, _ in rows] == sorted((ms for _, ms, _ in rows), reverse=True)
+
+
+def test_torch_profile_counts_the_fused_onednn_linear_layers_of_inference():
+    from linvit.ops.onednn import _onednn_op, linear
+
+    if not _onednn_op("_linear_pointwise"):
+        pytest.skip("this torch has no oneDNN fused linear")
+    weight, bias, x = torch.randn(64, 16), torch.randn(64), torch.randn(4, 100, 16)
+
+    def forward():
+        with torch.no_grad():
+            return linear(x, weight, bias)
+
+    total, by_kind, rows = profile(forward, steps=2)
+    times = {name: ms for name, ms, _ in rows}
+    assert times["mkldnn::_linear_pointwise"] > 0
+    assert by_kind["matmul"] == pytest.approx(times["mkldnn::_linear_pointwise"])
