@@ -23,7 +23,6 @@ from torch import Tensor
 
 from linvit.ops._backend import resolve_backend
 from linvit.ops._numerics import at_least_float32, autocast_device_type
-from linvit.ops.onednn import linear
 from linvit.ops.linear_attention import linear_attention_qkv
 from linvit.ops.linear_attention.arguments import inverse_of_scale
 from linvit.ops.linear_attention.feature_maps import favor_feature_map, taylor_feature_map
@@ -33,6 +32,7 @@ from linvit.ops.linear_attention.torch import (
     linear_attention_tokens,
     scriptable_linear_attention_qkv,
 )
+from linvit.ops.onednn import linear
 from linvit.ops.positional import resize_positional_table
 from linvit.ops.windows import (
     check_token_grid,
