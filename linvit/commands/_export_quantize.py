@@ -1,8 +1,12 @@
 """``linvit export ... --format onnx --quantize int8``: the fp32 file just written, quantized beside it.
 
-With a training run: static quantization calibrated on :data:`CALIBRATION_IMAGES` images of the run's training split
-(drawn with :data:`CALIBRATION_SEED`, each with its augmentation seeded, so the file repeats), then the fp32 and the
-int8 file evaluated on the run's test split with ONNX Runtime. With ``--model``: dynamic quantization, and the two
+With a training run: static quantization calibrated on up to :data:`CALIBRATION_IMAGES` images of the run's validation
+split (drawn with :data:`CALIBRATION_SEED`), read with the evaluation transform as the deployed model will see images:
+augmented training images widen the ranges with values (random erasing's noise, strong colour changes) that
+deployment never shows, which costs int8 its resolution where the real values lie. Where the run validates on its test
+split (no held-out validation images), the training split instead (each image's augmentation seeded, so the file
+repeats), so that the test images stay unseen. Then the fp32 and the int8 file are evaluated on the run's test split
+with ONNX Runtime. With ``--model``: dynamic quantization, and the two
 files compared on :data:`SAMPLE_IMAGES` seeded random images at the model's native size. Either way the numbers are
 printed and written beside the int8 file (``model.int8.json``, see :func:`linvit.utils.quantize.report_path`).
 """
@@ -55,13 +59,14 @@ def _static_from_run(args: argparse.Namespace, fp32: Path, int8: Path) -> dict[s
     from linvit.utils.quantize import compare_onnx, quantize_static_int8
 
     datamodule = _run_datamodule(args)
-    calibration = _calibration_batches(datamodule.train_set)
+    split = "validation" if datamodule.val_set is not datamodule.test_set else "training"
+    calibration = _calibration_batches(datamodule.val_set if split == "validation" else datamodule.train_set)
     quantize_static_int8(fp32, int8, calibration, force=args.force)
     loader = datamodule.test_dataloader()
     comparison = compare_onnx(fp32, int8, ((images.numpy(), labels.numpy()) for images, labels in loader))
     sys.stdout.write(
         f"quantized to int8 (static, QDQ, per-channel weights; calibrated on {sum(len(b) for b in calibration)} "
-        f"training images): {int8}\n"
+        f"{split} images): {int8}\n"
         f"  test split ({comparison['images']} images, ONNX Runtime): top-1 fp32 {100 * comparison['fp32_top1']:.2f}%"
         f", int8 {100 * comparison['int8_top1']:.2f}% ({comparison['top1_change_points']:+.2f} points); predictions "
         f"agree on {100 * comparison['top1_agreement']:.2f}%\n"
@@ -70,7 +75,12 @@ def _static_from_run(args: argparse.Namespace, fp32: Path, int8: Path) -> dict[s
         "method": "static",
         "format": "QDQ",
         "per_channel": True,
-        "calibration": {"split": "train", "images": sum(len(b) for b in calibration), "seed": CALIBRATION_SEED},
+        "calibration": {
+            "split": "val" if split == "validation" else "train",
+            "images": sum(len(b) for b in calibration),
+            "seed": CALIBRATION_SEED,
+            "ranges": "99.999th percentile of each activation's magnitudes",
+        },
         "comparison": {"split": "test", **comparison},
     }
 
@@ -120,17 +130,17 @@ def _run_datamodule(args: argparse.Namespace) -> Any:
     return datamodule
 
 
-def _calibration_batches(train_set: Any) -> list[np.ndarray]:
-    """Up to :data:`CALIBRATION_IMAGES` training images drawn with :data:`CALIBRATION_SEED`, each read with its random
-    state seeded (its augmentation repeats), in batches of :data:`CALIBRATION_BATCH`."""
+def _calibration_batches(dataset: Any) -> list[np.ndarray]:
+    """Up to :data:`CALIBRATION_IMAGES` images of ``dataset`` drawn with :data:`CALIBRATION_SEED`, each read with its
+    random state seeded (a training split's augmentation repeats), in batches of :data:`CALIBRATION_BATCH`."""
     import torch
 
     from linvit.train.data.datasets import seeded_random_state
 
-    count = min(CALIBRATION_IMAGES, len(train_set))
-    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(CALIBRATION_SEED))[:count]
+    count = min(CALIBRATION_IMAGES, len(dataset))
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(CALIBRATION_SEED))[:count]
     images = []
     for index in order.tolist():
         with seeded_random_state(CALIBRATION_SEED * 1_000_003 + index):
-            images.append(train_set[index][0].numpy())
+            images.append(dataset[index][0].numpy())
     return [np.stack(images[i : i + CALIBRATION_BATCH]) for i in range(0, count, CALIBRATION_BATCH)]
