@@ -58,7 +58,7 @@ class ConvStem(nn.Module):
         for conv, norm in ((self.conv1, self.norm1), (self.conv2, self.norm2)):
             if type(conv) is not nn.Conv2d or conv.padding_mode != "zeros" or watched(conv):
                 return False
-            if type(norm) is not nn.BatchNorm2d or norm.running_var is None or watched(norm):
+            if type(norm) is not nn.BatchNorm2d or norm.training or norm.running_var is None or watched(norm):
                 return False
         return onednn_ready(x, self.conv1.weight, None, "_convolution_pointwise")
 

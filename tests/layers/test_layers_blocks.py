@@ -99,7 +99,8 @@ def test_stem_in_training_mode_or_watched_keeps_its_norms():
     with torch.no_grad():
         torch.testing.assert_close(stem(x), _stem_reference(stem, x), rtol=1e-4, atol=1e-5)
     assert len(seen) == 1
-    stem = _stem_with_statistics().train()
+    stem = _stem_with_statistics()
+    stem.norm2.train()  # the stem in eval mode, its last norm not: batch statistics there
     with torch.no_grad():
         out = stem(x)
     # batch statistics, not the running ones: each channel's mean over the batch is the norm's shift
