@@ -5,7 +5,7 @@ from torch import Tensor, nn
 
 from linvit.attention._checks import check_heads
 from linvit.ops import BACKENDS
-from linvit.ops.onednn import linear, plain_linear
+from linvit.ops.onednn import linear_layer
 
 __all__ = ["ProjectedAttention"]
 
@@ -58,20 +58,15 @@ class ProjectedAttention(nn.Module):
         """(B', n, C) tokens -> (B', n, 3C) q|k|v; the caller's q|k|v as it is without projections."""
         if self.qkv is None:
             return x
-        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
-            if plain_linear(self.qkv):  # the bias inside oneDNN's GEMM where that runs (linvit.ops.onednn)
-                return linear(x, self.qkv.weight, self.qkv.bias)
+        if not torch.jit.is_scripting():  # the bias inside oneDNN's GEMM where that runs (linvit.ops.onednn)
+            return linear_layer(self.qkv, x)
         return self.qkv(x)
 
     def project_out(self, out: Tensor) -> Tensor:
         """The mixture (B', n, C) -> the module's output: projected (without projections, as it is), then dropout."""
         if self.proj is not None:
-            out = self._project(out)
+            if not torch.jit.is_scripting():  # TorchScript compiles only the other branch
+                out = linear_layer(self.proj, out)
+            else:
+                out = self.proj(out)
         return self.proj_drop(out)
-
-    def _project(self, out: Tensor) -> Tensor:
-        assert self.proj is not None
-        if not torch.jit.is_scripting():  # noqa: SIM102
-            if plain_linear(self.proj):
-                return linear(out, self.proj.weight, self.proj.bias)
-        return self.proj(out)

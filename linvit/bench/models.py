@@ -8,6 +8,7 @@ from torch import nn
 
 from linvit.bench.measure import autocast_context
 from linvit.bench.operators import Unavailable
+from linvit.ops.onednn import bf16_native
 
 LINVIT_PREFIXES = ("linvit_", "flatten_")
 
@@ -242,8 +243,8 @@ def deploy_callable(case: dict, device: torch.device, dtype: str):
 
 
 def cpu_has_bf16() -> bool:
-    """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX); elsewhere it would emulate it, slowly."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether oneDNN runs bf16 natively on this CPU (`linvit.ops.onednn.bf16_native`)."""
+    return bf16_native()
 
 
 def _compiled(model: nn.Module, x: torch.Tensor):

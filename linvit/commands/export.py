@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("int8",),
         default=None,
         help="--format onnx: also write <name>.int8.onnx (ONNX Runtime quantization: static, calibrated on the run's "
-        "training images, with a run; dynamic with --model) and <name>.int8.json, the accuracy change it measured",
+        "validation images, with a run; dynamic with --model) and <name>.int8.json, the accuracy change it measured",
     )
     parser.add_argument(
         "--features-only",

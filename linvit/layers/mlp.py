@@ -19,7 +19,7 @@ import torch
 from timm.layers import Mlp as TimmMlp
 from torch import nn
 
-from linvit.ops.onednn import linear, linear_gelu, onednn_linear_ready, plain_linear, watched
+from linvit.ops.onednn import linear_gelu, linear_layer, onednn_linear_ready, plain_linear, watched
 
 __all__ = ["Mlp"]
 
@@ -29,11 +29,14 @@ class Mlp(TimmMlp):
     docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # timm's Mlp.forward, written out (TorchScript has no super()) around fc1, the activation and fc2
+        # timm's Mlp.forward, written out (TorchScript has no super()), fc1 + activation and fc2 fused where they may
         x = self._fc1_activation(x)
         x = self.drop1(x)
         x = self.norm(x)
-        x = self._fc2(x)
+        if not torch.jit.is_scripting():  # TorchScript compiles only the other branch
+            x = linear_layer(self.fc2, x)
+        else:
+            x = self.fc2(x)
         return self.drop2(x)
 
     def _fc1_activation(self, x: torch.Tensor) -> torch.Tensor:
@@ -43,12 +46,6 @@ class Mlp(TimmMlp):
                     return linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate)
                 return torch.ops.aten.gelu_(self.fc1(x), approximate=self.act.approximate)
         return self.act(self.fc1(x))
-
-    def _fc2(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_scripting():  # noqa: SIM102
-            if plain_linear(self.fc2):
-                return linear(x, self.fc2.weight, self.fc2.bias)
-        return self.fc2(x)
 
     @torch.jit.unused
     def _gelu_unwatched(self) -> bool:

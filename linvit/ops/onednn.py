@@ -28,9 +28,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "autocast_operands",
+    "bf16_native",
     "conv2d",
     "linear",
     "linear_gelu",
+    "linear_layer",
     "onednn_linear_ready",
     "onednn_ready",
     "plain_linear",
@@ -71,6 +73,14 @@ def conv2d(
 
 
 @torch.jit.unused
+def linear_layer(layer: nn.Module, x: Tensor) -> Tensor:
+    """``layer(x)``; for an ``nn.Linear`` that :func:`plain_linear` allows, :func:`linear` on its weight and bias."""
+    if plain_linear(layer):
+        return linear(x, layer.weight, layer.bias)
+    return layer(x)
+
+
+@torch.jit.unused
 def plain_linear(module: nn.Module) -> bool:
     """``module`` is an ``nn.Linear`` itself (no subclass with a forward of its own) that no forward hook watches:
     calling it is ``F.linear`` on its weight and bias, which :func:`linear` may run instead."""
@@ -106,10 +116,10 @@ def onednn_ready(x: Tensor, weight: Tensor, bias: Tensor | None, op: str) -> boo
     if not weight.is_contiguous() or (bias is not None and bias.dtype != weight.dtype):
         return False
     if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu") == torch.bfloat16 and _bf16_native()
+        return torch.get_autocast_dtype("cpu") == torch.bfloat16 and bf16_native()
     if x.dtype != weight.dtype:
         return False
-    return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _bf16_native())
+    return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and bf16_native())
 
 
 @torch.jit.unused
@@ -138,6 +148,6 @@ def _onednn_op(op: str) -> bool:
 
 
 @functools.cache
-def _bf16_native() -> bool:
+def bf16_native() -> bool:
     """oneDNN runs bf16 in hardware on this CPU (AVX512-BF16 or AMX); elsewhere it would emulate it, slowly."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

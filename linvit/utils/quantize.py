@@ -1,7 +1,7 @@
 """int8 ONNX: an fp32 file of :func:`linvit.utils.deploy.export_onnx` quantized with ONNX Runtime's tools.
 
 - **Static** (:func:`quantize_static_int8`), when calibration images are at hand (``linvit export RUN --quantize
-  int8``: images of the run's own training split): QDQ format (``QuantizeLinear``/``DequantizeLinear`` pairs around
+  int8``: images of the run's validation split): QDQ format (``QuantizeLinear``/``DequantizeLinear`` pairs around
   each quantized node, the form ONNX Runtime's CPU execution provider fuses into its fastest int8 kernels), weights
   int8 (7 bits, below) per output channel, activations uint8 per tensor (u8s8, ONNX Runtime's default for x86),
   each activation's range the 99.999th percentile of its magnitudes over the calibration images (ONNX Runtime's

@@ -9,12 +9,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from linvit.ops.onednn import _bf16_native, _onednn_op, linear, linear_gelu, onednn_linear_ready
+from linvit.ops.onednn import _onednn_op, bf16_native, linear, linear_gelu, onednn_linear_ready
 
 FUSED_OP = "mkldnn::_linear_pointwise"
 needs_onednn = pytest.mark.skipif(not _onednn_op("_linear_pointwise"), reason="this torch has no oneDNN fused linear")
 needs_bf16 = pytest.mark.skipif(
-    not (_onednn_op("_linear_pointwise") and _bf16_native()), reason="oneDNN would emulate bf16 on this CPU"
+    not (_onednn_op("_linear_pointwise") and bf16_native()), reason="oneDNN would emulate bf16 on this CPU"
 )
 
 
@@ -136,3 +136,17 @@ def test_bf16_tensors_run_fused():
         assert FUSED_OP in _ops(linear, x, weight, b)
         out = linear(x, weight, b)
     torch.testing.assert_close(out.float(), F.linear(x, weight, b).float(), rtol=2e-2, atol=5e-2)
+
+
+@needs_onednn
+def test_window_attention_projects_through_the_fused_op_with_the_plain_output():
+    from linvit.attention import create_attention
+
+    torch.manual_seed(0)
+    attention = create_attention("window", 32, 4).eval()
+    x, hw = torch.randn(2, 64, 32), (8, 8)
+    expected = attention(x, hw).detach()  # autograd on: the plain layers
+    with torch.no_grad():
+        ops = _ops(attention, x, hw)
+        torch.testing.assert_close(attention(x, hw), expected, rtol=1e-5, atol=1e-5)
+    assert FUSED_OP in ops and "aten::addmm" not in ops
