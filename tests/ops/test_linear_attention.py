@@ -697,7 +697,7 @@ def test_two_batch_elements_share_a_program_only_where_they_share_a_positional_t
 def test_the_exported_key_sum_reduces_the_keys_contiguous_axis():
     """ONNX Runtime's ReduceSum over the token axis of (B, N, h, m) took 9 ms a block at 1024² (26 ms in linvit_tiny);
     over the last axis of the product's own transposed keys (B, h, m, N), 0.4 ms."""
-    onnx = pytest.importorskip("onnx", reason="the onnx extra (pip install 'linvit[onnx]')")
+    pytest.importorskip("onnx", reason="the onnx extra (pip install 'linvit[onnx]')")
     from onnx import numpy_helper
 
     from linvit.ops.linear_attention.torch import linear_attention_tokens
