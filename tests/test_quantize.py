@@ -87,10 +87,20 @@ def test_static_file_holds_qdq_nodes_around_int8_weights(static_file):
         weight = initializers[dequantize.input[0]]
         assert weight.data_type == onnx.TensorProto.INT8
         assert len(initializers[dequantize.input[1]].dims) == 1  # one scale per output channel
-    for node in graph.node:  # the normalisation arithmetic is left in float: no DQ feeds it
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    key_sums = 0
+    for node in graph.node:  # the normalisation arithmetic is left in float: no DQ feeds it ...
         if node.op_type in FLOAT_OPS:
-            fed = [producers.get(name) for name in node.input]
-            assert not any(p is not None and p.op_type == "DequantizeLinear" for p in fed), node.name
+            fed = [name for name in node.input if name in producers and producers[name].op_type == "DequantizeLinear"]
+            if node.op_type == "ReduceSum" and fed:  # ... but the key sum z reads the keys the product S = kᵀv reads
+                assert all("MatMul" in readers[name] for name in fed), node.name
+                key_sums += 1
+                continue
+            assert not fed, node.name
+    assert key_sums == 2  # one in each focused block of the test model (stages 1 and 2)
 
 
 def test_products_give_float_so_onnx_runtime_runs_them_as_integer_to_float(static_file, tmp_path):
