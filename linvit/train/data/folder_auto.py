@@ -1,8 +1,9 @@
 """``auto`` values of an ImageFolder DataModule, chosen from the folder before the model and trainer are built.
 
 ``data.num_classes=auto`` is the number of class folders of ``train``; ``data.batch_size``, ``data.drop_last`` and
-the augmentation (``data.auto_augment``, ``data.scale``, ``data.re_prob``) follow the number of training images
-(the test share held out of ``train`` already taken away) by the rules of :mod:`linvit.train.data.auto_recipe`.
+the augmentation (``data.auto_augment``, ``data.scale``, ``data.re_prob``; the evaluation's ``data.crop_pct``) follow
+the number of training images (the test share held out of ``train`` already taken away) and their size by the rules
+of :mod:`linvit.train.data.auto_recipe`.
 The training entry writes the chosen numbers into the run's config (its saved ``config.yaml`` holds them); each
 choice is logged with its reason.
 """
@@ -17,7 +18,7 @@ from linvit.train.data.options import AUTO
 
 _log = logging.getLogger("linvit.train.data.auto")
 
-AUTO_KEYS = ("num_classes", "batch_size", "drop_last", "auto_augment", "scale", "re_prob")
+AUTO_KEYS = ("num_classes", "batch_size", "drop_last", "auto_augment", "scale", "re_prob", "crop_pct")
 """The options of :class:`~linvit.train.data.timm_datamodules.ImageFolderDataModule` that take ``auto``."""
 
 
@@ -33,6 +34,10 @@ def log_choice(key: str, choice: Choice) -> None:
     """One log line: the option, the value chosen (as a config writes it) and why."""
     value = str(choice.value).lower() if isinstance(choice.value, bool) else choice.value
     _log.info("data.%s=auto: %s (%s)", key, value, choice.reason)
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 class FolderAutoValues:
@@ -118,8 +123,9 @@ class FolderAutoValues:
         return self.batch_size, self.drop_last
 
     def choose_augmentation(self) -> dict[str, Any]:
-        """``auto_augment``, ``scale``, ``re_prob`` (each where ``auto``) for the image size and count."""
-        keys = [key for key in ("auto_augment", "scale", "re_prob") if key in self.auto_options]
+        """``auto_augment``, ``scale``, ``re_prob`` and the evaluation's ``crop_pct`` (each where ``auto``) for the
+        image size and count."""
+        keys = [key for key in ("auto_augment", "scale", "re_prob", "crop_pct") if key in self.auto_options]
         if not keys:
             return {}
         choice = auto_augmentation(self.img_size, self.training_images())
@@ -127,6 +133,7 @@ class FolderAutoValues:
         self.auto_augment = chosen.get("auto_augment", self.auto_augment)
         self.scale = chosen.get("scale", self.scale)
         self.re_prob = float(chosen.get("re_prob", self.re_prob))
+        self.crop_pct = float(chosen.get("crop_pct", self.crop_pct))
         for key, value in chosen.items():
             self._resolved(key, value)
         _log.info(
@@ -147,6 +154,7 @@ class FolderAutoValues:
             "auto_augment": lambda v: v if isinstance(v, str) and v != AUTO else None,
             "scale": lambda v: [float(x) for x in v] if isinstance(v, list) and len(v) == 2 else None,
             "re_prob": lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
+            "crop_pct": lambda v: float(v) if _positive_number(v) else None,
         }
         taken = {}
         for key in sorted(self.auto_options & set(chosen)):

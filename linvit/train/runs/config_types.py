@@ -170,7 +170,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "data.re_prob": AUTO_OR_NUMBER,
     "data.color_jitter": NUMBER.or_null(),
     "data.hflip": NUMBER_OR_SWITCH,
-    "data.crop_pct": NUMBER.or_null(),
+    "data.crop_pct": AUTO_OR_NUMBER.or_null(),
     "data.scale": AUTO_OR_RANGE,
     "data.scale_range": RANGE,
     "data.mean": CHANNEL_MEANS,
