@@ -1,4 +1,4 @@
-"""Convolutional stem: image (B, C_in, H, W) -> feature map at stride 4 (B, C, ceil(H/4), ceil(W/4))."""
+"""Convolutional stem: image (B, C_in, H, W) -> feature map at stride 4 (B, C, ceil(H/4), ceil(W/4)), or 2."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from linvit.ops.onednn import conv2d, onednn_ready, watched
 
 
 class ConvStem(nn.Module):
-    """Two stride-2 3x3 convolutions (BatchNorm + GELU between them), then BatchNorm.
+    """Two 3x3 convolutions (BatchNorm + GELU between them), then BatchNorm: both at stride 2 (``stride=4``), or the
+    first at stride 1 (``stride=2``: for images under 64 px, where a stride-4 stem leaves a 32-px image 8x8 tokens).
 
-    Any input size works: each convolution pads by one and rounds up, so the output is ceil(H / 4) x ceil(W / 4).
+    Any input size works: each convolution pads by one and rounds up, so the output is ceil(H / s) x ceil(W / s).
     The output is returned in channels-last memory, so the blocks that follow can view it as (B, N, C) tokens
     without a copy. In eval mode without autograd, on the CPU, each BatchNorm is folded into its convolution and the
     GELU runs inside the first (oneDNN, `linvit.ops.onednn`): two passes over the stride-2 map instead of four
@@ -24,6 +25,7 @@ class ConvStem(nn.Module):
         out_chans: int = 64,
         hidden_chans: int | None = None,
         act_layer: type[nn.Module] = nn.GELU,
+        stride: int = 4,
         device=None,
         dtype=None,
     ):
@@ -32,7 +34,10 @@ class ConvStem(nn.Module):
         hidden_chans = hidden_chans or out_chans // 2
         self.in_chans = in_chans
         self.out_chans = out_chans
-        self.conv1 = nn.Conv2d(in_chans, hidden_chans, 3, stride=2, padding=1, bias=False, **dd)
+        if type(stride) is not int or stride not in (2, 4):
+            raise ValueError(f"the stem's stride (stem_stride) is 2 or 4, got {stride!r}")
+        self.stride = stride
+        self.conv1 = nn.Conv2d(in_chans, hidden_chans, 3, stride=stride // 2, padding=1, bias=False, **dd)
         self.norm1 = nn.BatchNorm2d(hidden_chans, **dd)
         self.act = act_layer()
         self.conv2 = nn.Conv2d(hidden_chans, out_chans, 3, stride=2, padding=1, bias=False, **dd)
@@ -42,7 +47,8 @@ class ConvStem(nn.Module):
         x = x.contiguous(memory_format=torch.channels_last)
         if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript compiles what is not inside this test)
             if self._foldable(x):
-                x = conv2d(x, *_folded(self.conv1, self.norm1), [2, 2], [1, 1], gelu=self.act.approximate)
+                first_stride = list(self.conv1.stride)
+                x = conv2d(x, *_folded(self.conv1, self.norm1), first_stride, [1, 1], gelu=self.act.approximate)
                 x = conv2d(x, *_folded(self.conv2, self.norm2), [2, 2], [1, 1])
                 return x.contiguous(memory_format=torch.channels_last)
         x = self.act(self.norm1(self.conv1(x)))

@@ -1,6 +1,7 @@
 """LinViT: linvit's own hierarchical linear-attention backbone, for any input resolution.
 
-Convolutional stem (stride 4) -> four stages at strides 4/8/16/32 -> LayerNorm -> classifier head.
+Convolutional stem (stride 4) -> four stages at strides 4/8/16/32 -> LayerNorm -> classifier head. For images under
+64 px the stem may take stride 2 (``stem_stride=2``: stages at 2/4/8/16, the same parameters).
 Each stage: a 3x3 stride-2 convolutional downsample (stages 2-4), then pre-norm transformer blocks with a
 convolutional position encoding (depthwise 3x3, residual) before each block. The attention of each stage is chosen by
 name (``linvit.attention.create_attention``): by default focused linear attention with depthwise-conv enhancement in
@@ -61,6 +62,9 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         window_size: window of the windowed stages.
         mlp_ratio, qkv_bias, drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as in timm's ViTs.
         cpe_kernel_size: depthwise kernel of the position encoding before each block (``None`` = none).
+        stem_stride: 4 (stages at strides 4/8/16/32) or 2 (2/4/8/16: four times the tokens, for images under 64 px;
+            training on a folder of such images chooses it, ``auto.small_image_stem``). No parameter depends on it,
+            so weights load either way: a model is rebuilt with the stride it was trained at (its config.json).
         img_size: sizes a learnable positional table where a stage asks for one; nothing else depends on it.
     """
 
@@ -82,6 +86,7 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         cpe_kernel_size: int | None = 3,
+        stem_stride: int = 4,
         img_size: int | tuple[int, int] | None = None,
         device=None,
         dtype=None,
@@ -98,7 +103,8 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.drop_rate = drop_rate
 
-        self.stem = ConvStem(in_chans, embed_dims[0], **dd)
+        self.stem_stride = stem_stride
+        self.stem = ConvStem(in_chans, embed_dims[0], stride=stem_stride, **dd)
         grids = self.stage_grids(self.img_size or (224, 224))
         options = {"pos_encoding": "none"}  # no parameter tied to the input size (the blocks' CPE gives position)
         block_options = {
@@ -125,15 +131,15 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
                 for j, rate in enumerate(rates)
             ]
             stages.append(TokenStage(blocks, downsample))
-            self.add_feature_info(embed_dims[i], 4 * 2**i)
+            self.add_feature_info(embed_dims[i], stem_stride * 2**i)
         self.add_stages_norm_head(
             stages, nn.LayerNorm(self.num_features, **dd), num_classes, global_pool, drop_rate, **dd
         )
         self.apply(partial(init_linear_weights, trunc_normal=nn.init.trunc_normal_))
 
     def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
-        """Stride-4 stem and stride-2 downsamplings, every one rounding up."""
-        return conv_grids(img_size, self.num_stages, stem=(1, 4, 0), downsample=(1, 2, 0))
+        """The stem's stride and stride-2 downsamplings, every one rounding up."""
+        return conv_grids(img_size, self.num_stages, stem=(1, self.stem_stride, 0), downsample=(1, 2, 0))
 
 
 # ---------------------------------------------------------------------------------------------------- factory

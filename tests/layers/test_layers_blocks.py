@@ -39,11 +39,18 @@ def test_tokens_map_round_trip_is_a_view():
 
 @pytest.mark.parametrize("size", [(32, 32), (33, 51), (1, 1), (4, 7)])
 @pytest.mark.parametrize("in_chans", [1, 3])
-def test_stem_any_size(size, in_chans):
-    stem = ConvStem(in_chans, 16).eval()
+@pytest.mark.parametrize("stride", [4, 2])
+def test_stem_any_size(size, in_chans, stride):
+    stem = ConvStem(in_chans, 16, stride=stride).eval()
     out = stem(torch.randn(2, in_chans, *size))
-    assert out.shape == (2, 16, math.ceil(size[0] / 4), math.ceil(size[1] / 4))
+    assert out.shape == (2, 16, math.ceil(size[0] / stride), math.ceil(size[1] / stride))
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("stride", [8, 1, 2.0, True])
+def test_stem_stride_is_two_or_four(stride):
+    with pytest.raises(ValueError, match=r"stride \(stem_stride\) is 2 or 4, got"):
+        ConvStem(3, 16, stride=stride)
 
 
 def test_stem_matches_reference():
@@ -57,10 +64,10 @@ def test_stem_matches_reference():
     torch.testing.assert_close(stem(x), ref, rtol=1e-4, atol=1e-5)
 
 
-def _stem_with_statistics(in_chans: int = 3) -> ConvStem:
+def _stem_with_statistics(in_chans: int = 3, stride: int = 4) -> ConvStem:
     """A stem whose BatchNorms hold running statistics and affine terms far from their initial 0/1."""
     torch.manual_seed(0)
-    stem = ConvStem(in_chans, 16)
+    stem = ConvStem(in_chans, 16, stride=stride)
     for norm in (stem.norm1, stem.norm2):
         norm.running_mean.normal_()
         norm.running_var.uniform_(0.2, 3.0)
@@ -69,22 +76,22 @@ def _stem_with_statistics(in_chans: int = 3) -> ConvStem:
     return stem.eval()
 
 
-def _stem_reference(stem: ConvStem, x: torch.Tensor) -> torch.Tensor:
-    ref = F.conv2d(x, stem.conv1.weight, stride=2, padding=1)
+def _stem_reference(stem: ConvStem, x: torch.Tensor, first_stride: int = 2) -> torch.Tensor:
+    ref = F.conv2d(x, stem.conv1.weight, stride=first_stride, padding=1)
     ref = F.gelu(F.batch_norm(ref, stem.norm1.running_mean, stem.norm1.running_var, stem.norm1.weight, stem.norm1.bias))
     ref = F.conv2d(ref, stem.conv2.weight, stride=2, padding=1)
     return F.batch_norm(ref, stem.norm2.running_mean, stem.norm2.running_var, stem.norm2.weight, stem.norm2.bias)
 
 
 @pytest.mark.skipif(not _onednn_op("_convolution_pointwise"), reason="this torch has no oneDNN fused convolution")
-@pytest.mark.parametrize("in_chans", [3, 1])
-def test_stem_in_eval_without_autograd_folds_its_norms_into_onednn_convolutions(in_chans):
-    stem = _stem_with_statistics(in_chans)
+@pytest.mark.parametrize("in_chans, stride", [(3, 4), (1, 4), (3, 2)])
+def test_stem_in_eval_without_autograd_folds_its_norms_into_onednn_convolutions(in_chans, stride):
+    stem = _stem_with_statistics(in_chans, stride)
     x = torch.randn(2, in_chans, 37, 29)
     with torch.no_grad():
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = stem(x)
-        expected = _stem_reference(stem, x)
+        expected = _stem_reference(stem, x, first_stride=stride // 2)
     ops = {event.key for event in prof.key_averages()}
     assert "mkldnn::_convolution_pointwise" in ops and not {"aten::native_batch_norm", "aten::gelu"} & ops
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

@@ -100,6 +100,22 @@ def test_features_only_nchw_strides():
     assert [tuple(m.shape) for m in maps] == [(1, 32, 16, 24), (1, 64, 8, 12), (1, 128, 4, 6), (1, 256, 2, 3)]
 
 
+def test_a_stride_two_stem_halves_every_stage_stride_with_the_same_weights():
+    """stem_stride=2 (the small-image stem): strides 2/4/8/16, same parameters, so the recorded stride matters."""
+    model = _nano(in_chans=1, num_classes=10, stem_stride=2).eval()
+    assert [info["reduction"] for info in model.feature_info] == [2, 4, 8, 16]
+    x = torch.randn(2, 1, 32, 28)
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, intermediates_only=True)
+        assert [tuple(m.shape[-2:]) for m in maps] == [(16, 14), (8, 7), (4, 4), (2, 2)]
+        wide = _nano(in_chans=1, num_classes=10).eval()
+        assert model.state_dict().keys() == wide.state_dict().keys()
+        wide.load_state_dict(model.state_dict())
+        assert not torch.allclose(wide(x), model(x))  # same weights, another network
+    features = timm.create_model("linvit_nano", features_only=True, stem_stride=2)
+    assert features.feature_info.reduction() == [2, 4, 8, 16]
+
+
 def test_features_only_out_indices():
     model = timm.create_model("linvit_nano", features_only=True, out_indices=(1, 3)).eval()
     assert model.feature_info.reduction() == [8, 32]

@@ -18,7 +18,11 @@ data instead; each returns the value and the reason, which the training log prin
   40-per-class Fashion-MNIST folder (batch 8) reached 86.7% with 2e-3 and 94.3% with 5e-4;
 - augmentation: gentler for small images (< 64 px, however many) and few images (< 2,000), where heavy
   augmentation keeps a small set, or the detail of a small image, from being learnt; and small images are evaluated
-  whole (``crop_pct`` 1.0), larger ones on ImageNet's centre crop (0.875).
+  whole (``crop_pct`` 1.0), larger ones on ImageNet's centre crop (0.875);
+- the stem of linvit's own models (``auto.small_image_stem``): stride 2 for images under 64 px, so that a 32-px
+  image is a 16x16 map in the first stage instead of 8x8 (strides 2/4/8/16, the CIFAR variants' answer to small
+  images); stride 4 otherwise. linvit_nano on 5,000 Fashion-MNIST images: 85.50 -> 87.55% (resnet18 88.45%), at 2.1x
+  the training time.
 
 Every explicit value wins: these only replace the value ``auto``.
 """
@@ -150,6 +154,15 @@ def auto_augmentation(img_size: int, train_images: int) -> Choice:
     why += f"({'under' if few else 'at least'} {FEW_IMAGES}): {tier}"
     why += ", evaluated whole" if small else ", evaluated on a centre crop"
     return Choice(values, why)
+
+
+def auto_stem_stride(img_size: int | list[int] | tuple[int, ...]) -> Choice:
+    """The stem stride of a linvit model for inputs of ``img_size`` (a side or (height, width)): 2 under 64 px, 4
+    otherwise."""
+    side = min(img_size) if isinstance(img_size, (list, tuple)) else img_size
+    if side < SMALL_IMAGE:
+        return Choice(2, f"{side}-px inputs (under {SMALL_IMAGE}): stages at strides 2/4/8/16")
+    return Choice(4, f"{side}-px inputs (at least {SMALL_IMAGE}): stages at strides 4/8/16/32")
 
 
 def too_few_steps_advice(total_steps: int) -> str | None:

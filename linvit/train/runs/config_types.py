@@ -94,6 +94,7 @@ CONFIG_TYPES: dict[str, Wanted] = {
     "auto.min_epochs": INTEGER,
     "auto.epochs": INTEGER,
     "auto.lr_batch": POSITIVE_INTEGER.or_null(),
+    "auto.small_image_stem": SWITCH,
     "test": SWITCH,
     "resume": SWITCH,
     "trust_checkpoint": SWITCH,

@@ -208,6 +208,71 @@ def _choose_auto_values(cfg: DictConfig, datamodule: Any) -> None:
     _log.info("trainer.max_epochs=auto: %d (%s)", epochs, reason)
 
 
+def _choose_stem_stride(cfg: DictConfig, datamodule: Any) -> None:
+    """``auto.small_image_stem``: on folder data, a linvit model (``LinViT``) whose ``model.model_kwargs`` do not set
+    ``stem_stride`` takes the stem for the input size (:func:`~linvit.train.data.auto_recipe.auto_stem_stride`),
+    written into them so that config.yaml, the checkpoints and config.json record it. A run that loads a checkpoint
+    (resume, ``ckpt_path``) builds the stem it was trained with: its hyper-parameters' value, or the model's own."""
+    from omegaconf import open_dict
+
+    from linvit.train.data.auto_recipe import auto_stem_stride
+
+    model_cfg = cfg.get("model") or {}
+    kwargs = model_cfg.get("model_kwargs")
+    if not (cfg.get("auto") or {}).get("small_image_stem", False) or not hasattr(datamodule, "choose_num_classes"):
+        return
+    if not isinstance(kwargs, DictConfig) or "stem_stride" in kwargs or not _builds_linvit(model_cfg.get("model_name")):
+        return
+    checkpoint = _checkpoint_to_load(cfg)
+    if checkpoint is not None:
+        stride = _trained_model_kwargs(checkpoint).get("stem_stride")
+        stride = stride if type(stride) is int and stride in (2, 4) else None  # the file's word, checked
+        if stride is not None:
+            with open_dict(kwargs):
+                kwargs.stem_stride = stride
+        _log.info("model.model_kwargs.stem_stride: %s, as %s was trained", stride or "the model's own", checkpoint)
+        return
+    choice = auto_stem_stride(OmegaConf.to_container(cfg.data, resolve=True)["img_size"])
+    with open_dict(kwargs):
+        kwargs.stem_stride = choice.value
+    _log.info("model.model_kwargs.stem_stride=%d (auto.small_image_stem: %s)", choice.value, choice.reason)
+
+
+def _builds_linvit(model_name: Any) -> bool:
+    """``model_name`` is a registered model of linvit's own family (built on the meta device to see its class)."""
+    import timm
+    import torch
+
+    from linvit.models.linvit import LinViT
+
+    if not isinstance(model_name, str) or ":" in model_name or not timm.is_model(model_name):
+        return False
+    with torch.device("meta"):
+        return isinstance(timm.create_model(model_name, pretrained=False), LinViT)
+
+
+def _checkpoint_to_load(cfg: DictConfig) -> Path | None:
+    """The checkpoint this run will load (``ckpt_path``, or the run's ``last.ckpt`` when it resumes), unchecked:
+    :func:`resolve_ckpt_path` checks it before anything loads it."""
+    if cfg.get("ckpt_path"):
+        return Path(str(cfg.ckpt_path)).expanduser()
+    last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
+    return last if cfg.get("resume", True) and last.is_file() else None
+
+
+def _trained_model_kwargs(path: Path) -> dict[str, Any]:
+    """The ``model_kwargs`` a checkpoint's hyper-parameters hold; empty when it has none or cannot be read here
+    without running code from it (:func:`resolve_ckpt_path` names the problem, or loads a trusted file)."""
+    from linvit.train.runs.export import load_checkpoint
+
+    try:
+        checkpoint = load_checkpoint(path, opt_in="trust_checkpoint=true", mmap=True)
+    except Exception:  # noqa: BLE001 - refused or damaged: resolve_ckpt_path raises it in one line
+        return {}
+    kwargs = (checkpoint.get("hyper_parameters") or {}).get("model_kwargs")
+    return dict(kwargs) if isinstance(kwargs, dict) else {}
+
+
 def _scale_lr_to_the_auto_batch(cfg: DictConfig, effective_batch: int) -> None:
     """``model.optimizer.lr`` for an auto batch: the configured rate is for ``auto.lr_batch`` images (timm's square
     root rule for adaptive optimizers, linear for SGD; :func:`~linvit.train.data.auto_recipe.auto_batch_lr`), written
@@ -396,6 +461,7 @@ def _fit_test_export(cfg: DictConfig, callbacks: list[Any] | None) -> dict[str, 
     datamodule: pl.LightningDataModule = _instantiate_plain(cfg.data, "data")
     _choose_img_size(cfg, datamodule)
     _choose_auto_values(cfg, datamodule)
+    _choose_stem_stride(cfg, datamodule)
     model: pl.LightningModule = _instantiate_plain(cfg.model, "model")
     _check_model_matches_data(model, datamodule)
     callbacks = _instantiate_all(cfg.get("callbacks")) + list(callbacks or [])

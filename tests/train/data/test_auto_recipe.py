@@ -23,6 +23,7 @@ from linvit.train.data.auto_recipe import (
     auto_batch_size,
     auto_drop_last,
     auto_max_epochs,
+    auto_stem_stride,
     capped_warmup_steps,
     steps_per_epoch,
     too_few_steps_advice,
@@ -268,3 +269,75 @@ def test_only_an_auto_batch_scales_the_lr(tmp_path, overrides, lr):
     _choose_auto_values(cfg, _instantiate_plain(cfg.data, "data"))
     assert cfg.data.batch_size == 16
     assert cfg.model.optimizer.lr == pytest.approx(lr)
+
+
+def test_the_stem_stride_follows_the_input_size():
+    assert [auto_stem_stride(side).value for side in (16, 32, 63, 64, 224)] == [2, 2, 2, 4, 4]
+    assert auto_stem_stride([32, 96]).value == 2 and auto_stem_stride((64, 80)).value == 4  # the shorter side
+
+
+def _stem_choice(tmp_path, overrides, run_dir=None):
+    from train_helpers import compose
+
+    from linvit.train.runs.run import _choose_stem_stride, _instantiate_plain
+
+    root = _folder(tmp_path / "data", {"a": 4, "b": 4})
+    cfg = compose(["data=imagefolder", f"data.root={root}", "data.img_size=32", *overrides], run_dir or tmp_path)
+    _choose_stem_stride(cfg, _instantiate_plain(cfg.data, "data"))
+    return cfg.model.model_kwargs.get("stem_stride")
+
+
+@pytest.mark.parametrize(
+    "overrides, stride",
+    [([], 2), (["data.img_size=64"], 4), (["+model.model_kwargs.stem_stride=4"], 4), (["auto.small_image_stem=false"],
+     None), (["model=timm", "model.model_name=convnext_atto"], None), (["model=flatten_pvt_tiny"], None)],
+)  # fmt: skip
+def test_folder_data_of_small_images_gives_linvit_a_stride_two_stem(tmp_path, overrides, stride):
+    """Only linvit's own models, only where nothing set it: ConvNeXt's stem_stride is timm's, not this rule's."""
+    assert _stem_choice(tmp_path, overrides) == stride
+
+
+def test_data_with_its_own_recipe_keeps_the_models_stem(tmp_path):
+    from train_helpers import compose
+
+    from linvit.train.runs.run import _choose_stem_stride
+
+    cfg = compose([], tmp_path)  # digits at 32 px: the tuned recipe of `python train.py`
+    _choose_stem_stride(cfg, SimpleNamespace(batch_size=64))
+    assert "stem_stride" not in cfg.model.model_kwargs
+
+
+@pytest.mark.parametrize("trained", [None, 2, 4, 3, "2"])
+def test_a_run_that_loads_a_checkpoint_builds_the_stem_it_was_trained_with(tmp_path, trained):
+    """A checkpoint of a run from before the rule (no stem_stride: the stride-4 stem) keeps its stem; the weights fit
+    either, so a new choice would give another network without a word."""
+    import torch
+
+    kwargs = {"img_size": 32} if trained is None else {"img_size": 32, "stem_stride": trained}
+    path = tmp_path / "old.ckpt"
+    torch.save({"hyper_parameters": {"model_name": "linvit_nano", "model_kwargs": kwargs}, "state_dict": {}}, path)
+    assert _stem_choice(tmp_path, [f"ckpt_path={path}"]) == (trained if trained in (2, 4) else None)
+
+
+def test_the_chosen_stem_is_recorded_where_the_run_is_rebuilt_from(tmp_path, capsys):
+    """config.yaml, the checkpoint and config.json say stem_stride=2 (what `linvit eval`, `export` and `predict`
+    rebuild the model from), and `linvit eval` runs on it."""
+    import json
+
+    import torch
+    from train_helpers import FAST, compose
+
+    from linvit.cli import main as linvit_main
+    from linvit.train.runs.run import train
+
+    root = _folder(tmp_path / "data", {"a": 12, "b": 12}, size=20)
+    fast = [o for o in FAST if not o.startswith(("data.img_size", "data.batch_size"))]
+    run = tmp_path / "run"
+    train(compose(["data=imagefolder", f"data.root={root}", "+trainer.fast_dev_run=1", *fast], run))
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["model_kwargs"]["stem_stride"] == 2
+    assert json.loads((run / "config.json").read_text())["model_args"]["stem_stride"] == 2
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["hyper_parameters"]["model_kwargs"]["stem_stride"] == 2
+    capsys.readouterr()
+    assert linvit_main(["eval", str(run), "--json", "--accelerator", "cpu"]) == 0
+    assert 0.0 <= json.loads(capsys.readouterr().out)["test/acc1"] <= 1.0
