@@ -252,8 +252,8 @@ def _builds_linvit(model_name: Any) -> bool:
 
 
 def _checkpoint_to_load(cfg: DictConfig) -> Path | None:
-    """The checkpoint this run will load (``ckpt_path``, or the run's ``last.ckpt`` when it resumes), unchecked:
-    :func:`resolve_ckpt_path` checks it before anything loads it."""
+    """The checkpoint this run will load (``ckpt_path``, or the run's ``last.ckpt`` when it resumes and it exists),
+    unchecked: :func:`resolve_ckpt_path` checks it before anything loads it."""
     if cfg.get("ckpt_path"):
         return Path(str(cfg.ckpt_path)).expanduser()
     last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
@@ -350,16 +350,11 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """
     from linvit.io import CheckpointError
 
-    path: Path | None = None
-    if cfg.get("ckpt_path"):
-        path = Path(str(cfg.ckpt_path)).expanduser()
-        if not path.is_file():
-            raise CheckpointError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
-    elif cfg.get("resume", True):
-        last = Path(str(cfg.paths.output_dir)) / "checkpoints" / "last.ckpt"
-        path = last if last.is_file() else None
+    path = _checkpoint_to_load(cfg)
     if path is None:
         return None
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path={cfg.ckpt_path} is not a file; give a .ckpt written by a run.")
     try:
         _check_checkpoint(path, trusted=bool(cfg.get("trust_checkpoint", False)))
     except CheckpointError as error:
