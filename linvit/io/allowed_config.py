@@ -33,6 +33,7 @@ __all__ = [
     "check_side_config",
     "constructor_arguments",
     "model_arguments_allowed",
+    "registered_model_class",
 ]
 
 MAX_LIST_ITEMS = 64  # widths, depths, ratios per stage: a handful of numbers
@@ -97,7 +98,7 @@ def constructor_arguments(model_cls: type, exclude: frozenset[str] = NEVER_FROM_
 
 
 @functools.lru_cache(maxsize=64)
-def _registered_model_class(model_name: str) -> type | None:
+def registered_model_class(model_name: str) -> type | None:
     """The class ``timm.create_model(model_name)`` builds (built on the meta device: no memory, no weights)."""
     import timm  # linvit's families are registered: importing linvit.io ran linvit/__init__
 
@@ -111,7 +112,7 @@ def _registered_model_class(model_name: str) -> type | None:
 
 def model_arguments_allowed(model: str | type) -> frozenset[str]:
     """The creation arguments a file may set for ``model`` (a registered name or the class itself)."""
-    model_cls = _registered_model_class(model) if isinstance(model, str) else model
+    model_cls = registered_model_class(model) if isinstance(model, str) else model
     return constructor_arguments(model_cls) if model_cls is not None else frozenset()
 
 

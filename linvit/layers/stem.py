@@ -36,7 +36,6 @@ class ConvStem(nn.Module):
         self.out_chans = out_chans
         if type(stride) is not int or stride not in (2, 4):
             raise ValueError(f"the stem's stride (stem_stride) is 2 or 4, got {stride!r}")
-        self.stride = stride
         self.conv1 = nn.Conv2d(in_chans, hidden_chans, 3, stride=stride // 2, padding=1, bias=False, **dd)
         self.norm1 = nn.BatchNorm2d(hidden_chans, **dd)
         self.act = act_layer()

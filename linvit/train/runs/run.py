@@ -239,16 +239,12 @@ def _choose_stem_stride(cfg: DictConfig, datamodule: Any) -> None:
 
 
 def _builds_linvit(model_name: Any) -> bool:
-    """``model_name`` is a registered model of linvit's own family (built on the meta device to see its class)."""
-    import timm
-    import torch
-
+    """``model_name`` is a registered model of linvit's own family (``LinViT``)."""
+    from linvit.io.allowed_config import registered_model_class
     from linvit.models.linvit import LinViT
 
-    if not isinstance(model_name, str) or ":" in model_name or not timm.is_model(model_name):
-        return False
-    with torch.device("meta"):
-        return isinstance(timm.create_model(model_name, pretrained=False), LinViT)
+    model_cls = registered_model_class(model_name) if isinstance(model_name, str) else None
+    return model_cls is not None and issubclass(model_cls, LinViT)
 
 
 def _checkpoint_to_load(cfg: DictConfig) -> Path | None:
