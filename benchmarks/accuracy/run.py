@@ -5,6 +5,7 @@
     python -m benchmarks.accuracy.run --only fashion_mnist   # needs dataset-fashion-mnist (apt)
     python -m benchmarks.accuracy.run --only folders         # the folder runs below (about 1.5 hours)
     python -m benchmarks.accuracy.run --only folder_digits_3x40_linvit_nano   # one of them (minutes)
+    python -m benchmarks.accuracy.run --only folder_digits_10 --seeds 1,2       # more seeds of a set's runs
 
 The folder runs write real and synthetic sets as ImageNet-layout folders (:mod:`benchmarks.accuracy.folders`, into
 ``<log dir>/folders``) and train linvit_nano, resnet18 and efficientvit_b0 (timm) on each with the one command a new
@@ -14,6 +15,10 @@ user types, ``python train.py data=imagefolder data.root=DIR`` (= ``linvit train
 Each run is ``python train.py <overrides>`` in a subprocess (with ``OMP_WAIT_POLICY=PASSIVE``); its test metrics
 (``metrics.json`` of the run directory) and wall time go to ``benchmarks/accuracy/runs/<run>.json``; then
 ``results.json`` (all runs) and ``RESULTS.md`` are rewritten from them, with one learning-curve PNG per run.
+
+``--seeds``: the runs again with ``seed=<n>`` (initialisation, augmentation and batch order; the folder sets stay the
+same images), recorded as ``<run>_seed<n>``. A 3-class, 40-per-class set tests on 300 images and validates on 30:
+one seed's checkpoint can move a row by 5 points, so RESULTS.md also shows each run's mean over its seeds.
 """
 
 from __future__ import annotations
@@ -102,9 +107,17 @@ def _params(model_name: str) -> int:
     return int(out.stdout.split()[-1])
 
 
-def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
+def seed_run_name(name: str, seed: int) -> str:
+    """The recorded name of run ``name`` at ``seed`` (seed 0 is the run itself)."""
+    return name if seed == 0 else f"{name}_seed{seed}"
+
+
+def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
     dataset, model, overrides = RUNS[name]
-    run_dir = log_dir / name
+    if seed:
+        overrides = [*overrides, f"seed={seed}"]
+    recorded = seed_run_name(name, seed)
+    run_dir = log_dir / recorded
     shown = list(overrides)  # the command as recorded: <folders> stands for the folder the sets are in
     if dataset.startswith("folder_"):
         _write_folder_set(dataset, log_dir / "folders")
@@ -121,10 +134,13 @@ def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    plot = HERE / f"{name}.png"
-    shutil.copyfile(run_dir / "learning_curves.png", plot)
+    plot = HERE / f"{name}.png"  # seed 0's curves only: the other seeds' stay in their run directories
+    if not seed:
+        shutil.copyfile(run_dir / "learning_curves.png", plot)
     return {
-        "name": name,
+        "name": recorded,
+        "run": name,
+        "seed": seed,
         "dataset": dataset,
         "model": model,
         "params": _params(model),
@@ -136,12 +152,13 @@ def run_one(name: str, log_dir: Path, extra: list[str]) -> dict:
         "train_s": round(metrics.get("time/total_s", float("nan")), 1),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
-        "plot": plot.name,
+        "plot": plot.name if not seed else None,
     }
 
 
 def write_report(rows: dict[str, dict]) -> None:
     (HERE / "results.json").write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+    first = {name: row for name, row in rows.items() if name in RUNS}  # seed 0: the run as first recorded
     lines = [
         "# Accuracy: linvit_nano beside timm models, same recipe",
         "",
@@ -154,28 +171,60 @@ def write_report(rows: dict[str, dict]) -> None:
         "| run | params | test top-1 | test top-1 (EMA) | test top-5 | wall time | command |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for row in rows.values():
+    for row in first.values():
         ema = f"{100 * row['test_ema_acc1']:.2f}%" if row.get("test_ema_acc1") is not None else "-"
         lines.append(
             f"| {row['name']} | {row['params'] / 1e6:.2f}M | {100 * row['test_acc1']:.2f}% | {ema} "
             f"| {100 * row['test_acc5']:.2f}% | {row['wall_s'] / 60:.1f} min | `{row['command']}` |"
         )
+    lines += _seeds_table(rows)
     lines += ["", "Machines and dates:", ""]
     lines += [f"- {row['name']}: {row['machine']}, {row['date']}" for row in rows.values()]
-    lines += ["", "Learning curves:", ""]
-    lines += [f"![{row['name']}]({row['plot']})" for row in rows.values()]
+    lines += ["", "Learning curves (seed 0):", ""]
+    lines += [f"![{row['name']}]({row['plot']})" for row in first.values()]
     (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
+def _seeds_table(rows: dict[str, dict]) -> list[str]:
+    """Test top-1 of every run recorded at more than one seed: each seed's, the mean and the range."""
+    by_run: dict[str, dict[int, float]] = {}
+    for row in rows.values():
+        by_run.setdefault(row.get("run", row["name"]), {})[row.get("seed", 0)] = 100 * row["test_acc1"]
+    by_run = {run: accs for run, accs in by_run.items() if len(accs) > 1}
+    if not by_run:
+        return []
+    lines = [
+        "",
+        "Over seeds (`--seeds`: `seed=<n>` on the same command; the same images): test top-1 of each seed's",
+        "best-validation checkpoint.",
+        "",
+        "| run | seeds | test top-1 per seed | mean | range |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for run, accs in by_run.items():
+        values = [accs[seed] for seed in sorted(accs)]
+        per_seed = ", ".join(f"{value:.2f}" for value in values)
+        mean = sum(values) / len(values)
+        lines.append(
+            f"| {run} | {','.join(map(str, sorted(accs)))} | {per_seed} | {mean:.2f}% "
+            f"| {max(values) - min(values):.2f} |"
+        )
+    return lines
+
+
 def _load_rows() -> dict[str, dict]:
-    """Every recorded run: ``runs/<name>.json`` (one file per run, so that concurrent invocations never clash)."""
+    """Every recorded run: ``runs/<name>.json`` (one file per run, so that concurrent invocations never clash), in
+    the order of ``RUNS``, each run's seeds after it."""
     rows = {}
     path = HERE / "results.json"
     if path.is_file():
         rows.update(json.loads(path.read_text()))
     for run_file in sorted((HERE / "runs").glob("*.json")):
         rows[run_file.stem] = json.loads(run_file.read_text())
-    return {name: rows[name] for name in RUNS if name in rows}
+    order = {name: i for i, name in enumerate(RUNS)}
+    kept = [row for row in rows.values() if row.get("run", row["name"]) in order]
+    kept.sort(key=lambda row: (order[row.get("run", row["name"])], row.get("seed", 0)))
+    return {row["name"]: row for row in kept}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,18 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma list of datasets or run names (default: all)")
     parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / "outputs" / "accuracy_benchmark")
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the recorded runs")
+    parser.add_argument("--seeds", default="0", help="comma list of seeds to run each at (default: 0)")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
     args = parser.parse_args(argv)
     wanted = [w for w in args.only.split(",") if w]
     groups = {"folders": [n for n in RUNS if n.startswith("folder_")]}
     wanted = [n for w in wanted for n in groups.get(w, [w])]
     names = [n for n, (dataset, _, _) in RUNS.items() if not wanted or n in wanted or dataset in wanted]
-    for name in [] if args.report_only else names:
-        sys.stdout.write(f"{name} ...\n")
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed]
+    for name, seed in [] if args.report_only else [(n, s) for s in seeds for n in names]:
+        sys.stdout.write(f"{seed_run_name(name, seed)} ...\n")
         sys.stdout.flush()
-        row = run_one(name, args.log_dir, args.overrides)
+        row = run_one(name, args.log_dir, args.overrides, seed)
         (HERE / "runs").mkdir(exist_ok=True)
-        (HERE / "runs" / f"{name}.json").write_text(json.dumps(row, indent=2, sort_keys=True) + "\n")
+        (HERE / "runs" / f"{row['name']}.json").write_text(json.dumps(row, indent=2, sort_keys=True) + "\n")
         sys.stdout.write(f"  test top-1 {100 * row['test_acc1']:.2f}% in {row['wall_s']:.0f} s\n")
         write_report(_load_rows())
     write_report(_load_rows())

@@ -1,0 +1,81 @@
+"""The accuracy benchmark's seeds: a run at another seed trains with ``seed=<n>``, is recorded under its own name,
+and RESULTS.md shows each run's mean over its seeds beside the first seed's table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.accuracy import run as accuracy
+
+RUN = "folder_digits_3x40_linvit_nano"
+
+
+def _row(name: str, seed: int, acc1: float) -> dict:
+    return {
+        "name": accuracy.seed_run_name(name, seed),
+        "run": name,
+        "seed": seed,
+        "dataset": "folder_digits_3x40",
+        "model": "linvit_nano",
+        "params": 1_000_000,
+        "command": "python train.py data=imagefolder",
+        "test_acc1": acc1,
+        "test_acc5": 1.0,
+        "test_ema_acc1": None,
+        "wall_s": 60.0,
+        "train_s": 55.0,
+        "date": "2026-12-06 20:00 UTC",
+        "machine": "x86_64, 2 CPU cores",
+        "plot": f"{name}.png" if not seed else None,
+    }
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setattr(accuracy, "HERE", tmp_path)
+    (tmp_path / "runs").mkdir()
+    return tmp_path
+
+
+def test_seed_runs_are_recorded_apart_and_averaged(here):
+    other = "folder_digits_3x40_resnet18"
+    rows = [_row(RUN, 2, 0.90), _row(RUN, 0, 0.96), _row(other, 0, 0.92), _row(RUN, 1, 0.93)]
+    for row in rows:
+        (here / "runs" / f"{row['name']}.json").write_text(json.dumps(row))
+    loaded = accuracy._load_rows()
+    assert list(loaded) == [RUN, f"{RUN}_seed1", f"{RUN}_seed2", other]  # RUNS order, each run's seeds after it
+    accuracy.write_report(loaded)
+    report = (here / "RESULTS.md").read_text()
+    first_table = report.split("Over seeds")[0]
+    assert f"| {RUN} |" in first_table and "_seed1" not in first_table  # the first table: seed 0 only
+    assert f"| {RUN} | 0,1,2 | 96.00, 93.00, 90.00 | 93.00% | 6.00 |" in report
+    assert f"| {other} | 0 |" not in report  # a run of one seed has no mean to show
+    assert "![folder_digits_3x40_linvit_nano_seed1]" not in report
+
+
+def test_a_run_at_another_seed_trains_with_it(here, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_train(command, **kwargs):
+        calls.append(command)
+        run_dir = Path(next(arg for arg in command if arg.startswith("hydra.run.dir=")).split("=", 1)[1])
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.json").write_text(json.dumps({"test/acc1": 0.5, "test/acc5": 1.0}))
+        (run_dir / "learning_curves.png").write_bytes(b"png")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(accuracy.subprocess, "run", fake_train)
+    monkeypatch.setattr(accuracy, "_params", lambda model: 1)
+    monkeypatch.setattr(accuracy, "_write_folder_set", lambda dataset, folders: None)
+    row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=2)
+    assert "seed=2" in calls[0] and any(arg.endswith(f"{RUN}_seed2") for arg in calls[0])
+    assert (row["name"], row["run"], row["seed"], row["plot"]) == (f"{RUN}_seed2", RUN, 2, None)
+    assert "seed=2" in row["command"]
+    assert not (here / f"{RUN}.png").exists()  # seed 0's curves are not overwritten by another seed's
+    row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=0)
+    assert not any(arg.startswith("seed=") for arg in calls[1]) and row["name"] == RUN
+    assert (here / f"{RUN}.png").read_bytes() == b"png"
