@@ -5,7 +5,11 @@ images each. Every set here installs offline (``/work/shared/datasets.md``):
 
 - ``digits``: scikit-learn's 8x8 digits, upsampled to 32 px (bicubic); 1,797 images, 10 classes;
 - ``fashion_mnist``: Debian's ``dataset-fashion-mnist``, 28 px; 70k images, 10 classes;
-- ``shapes``: synthetic 48-px circles, squares and triangles of random size, position and colour on noise.
+- ``shapes``: synthetic 48-px circles, squares and triangles of random size, position and colour on noise;
+- ``wallpapers``: 64-px crops of Debian's KDE wallpapers (``plasma-workspace-wallpapers``), 11 real 2560x1600 photos,
+  one class each: which photo is a crop from? Train, val and test crops come from separate vertical strips of each
+  photo (the left 60%, the next 20%, the last 20%), so a test crop shows a part of the scene no training crop
+  overlaps. The one real-photo set of at least 64 px: the stride-4 stem and the medium augmentation tier.
 
 ``classes`` and ``per_class`` pick a small set out of a larger one: the first ``classes`` classes, the first
 ``per_class`` images of each for ``train`` (then ``val_per_class`` for ``val``, then up to ``test_per_class`` for
@@ -18,11 +22,28 @@ from pathlib import Path
 
 import numpy as np
 
-SETS = ("digits", "fashion_mnist", "shapes")
+SETS = ("digits", "fashion_mnist", "shapes", "wallpapers")
+WALLPAPERS = "/usr/share/wallpapers/{}/contents/images/2560x1600.jpg"
+# the photographs among the wallpapers (the others are drawings); /work/shared/datasets.md
+WALLPAPER_PHOTOS = (
+    "BytheWater",
+    "ColdRipple",
+    "ColorfulCups",
+    "DarkestHour",
+    "EveningGlow",
+    "FallenLeaf",
+    "Grey",
+    "Kite",
+    "OneStandsOut",
+    "Path",
+    "summer_1am",
+)
+STRIPS = (0.0, 0.6, 0.8, 1.0)  # train, val, test: left edges of the photos' strips, as a share of their width
 
 
-def _arrays(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (N, H, W) or (N, H, W, 3), labels int64 (N,)) of the set ``name``."""
+def _arrays(name: str, seed: int, counts: tuple[int, int, int] = (0, 0, 0)) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 (N, H, W) or (N, H, W, 3), labels int64 (N,)) of the set ``name``; ``counts``: the images per
+    class of (train, val, test), for a set generated split by split (``wallpapers``)."""
     if name == "digits":
         from linvit.train.data.datasets import load_digits_arrays
 
@@ -36,6 +57,8 @@ def _arrays(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate([train_images, test_images]), np.concatenate([train_labels, test_labels])
     if name == "shapes":
         return _shapes(3000, 48, seed)
+    if name == "wallpapers":
+        return _wallpaper_crops(counts, 64, seed)
     raise ValueError(f"unknown set {name!r}: one of {SETS}.")
 
 
@@ -68,6 +91,32 @@ def _shapes(count: int, side: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(images), labels.astype(np.int64)
 
 
+def _wallpaper_crops(counts: tuple[int, int, int], side: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Square crops of 128-384 px at random places of each photo's strip of each split, resized to ``side``; per
+    class the train crops, then the val crops, then the test crops (the order :func:`write_folder` splits in)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for label, photo in enumerate(WALLPAPER_PHOTOS):
+        path = Path(WALLPAPERS.format(photo))
+        if not path.is_file():
+            package = "apt-get install -y --no-install-recommends plasma-workspace-wallpapers"
+            raise FileNotFoundError(f"{path}: the wallpapers set needs {package}")
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+        width, height = image.size
+        for split, count in enumerate(counts):
+            left, right = int(STRIPS[split] * width), int(STRIPS[split + 1] * width)
+            for _ in range(count):
+                size = int(rng.integers(128, min(385, right - left + 1)))
+                x, y = int(rng.integers(left, right - size + 1)), int(rng.integers(0, height - size + 1))
+                crop = image.crop((x, y, x + size, y + size)).resize((side, side), Image.Resampling.BICUBIC)
+                images.append(np.asarray(crop))
+                labels.append(label)
+    return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
 def write_folder(
     name: str,
     root: str | Path,
@@ -83,7 +132,9 @@ def write_folder(
     """
     from PIL import Image
 
-    images, labels = _arrays(name, seed)
+    if name == "wallpapers" and per_class is None:
+        raise ValueError("the wallpapers set is generated: give per_class.")
+    images, labels = _arrays(name, seed, (per_class or 0, val_per_class, test_per_class))
     root = Path(root)
     kept = sorted(set(labels.tolist()))[: classes or None]
     for label in kept:

@@ -68,6 +68,7 @@ FOLDER_SETS: dict[str, dict] = {
     },
     "fashion_mnist_10x500": {"name": "fashion_mnist", "per_class": 500, "val_per_class": 50, "test_per_class": 200},
     "shapes_3x100": {"name": "shapes", "per_class": 100, "val_per_class": 20, "test_per_class": 100},
+    "wallpapers_11x60": {"name": "wallpapers", "per_class": 60, "val_per_class": 10, "test_per_class": 50},
 }
 FOLDER_MODELS: dict[str, list[str]] = {
     "linvit_nano": [],

@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.accuracy import run as accuracy
@@ -79,3 +80,37 @@ def test_a_run_at_another_seed_trains_with_it(here, tmp_path, monkeypatch):
     row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=0)
     assert not any(arg.startswith("seed=") for arg in calls[1]) and row["name"] == RUN
     assert (here / f"{RUN}.png").read_bytes() == b"png"
+
+
+def test_wallpaper_crops_of_each_split_come_from_their_own_strip(tmp_path, monkeypatch):
+    """Every pixel's red value is its column: a crop's reds say which strip of the photo it was cut from."""
+    from PIL import Image
+
+    from benchmarks.accuracy import folders
+
+    width, height = 1200, 500
+    columns = np.broadcast_to((np.arange(width) * 255 // (width - 1)).astype(np.uint8), (height, width))
+    photo = np.stack([columns, np.zeros_like(columns), np.zeros_like(columns)], axis=-1)
+    for name in folders.WALLPAPER_PHOTOS[:2]:
+        (tmp_path / name).mkdir()
+        Image.fromarray(photo).save(tmp_path / name / "2560x1600.png")
+    monkeypatch.setattr(folders, "WALLPAPERS", str(tmp_path / "{}" / "2560x1600.png"))
+    monkeypatch.setattr(folders, "WALLPAPER_PHOTOS", folders.WALLPAPER_PHOTOS[:2])
+    root = folders.write_folder("wallpapers", tmp_path / "set", per_class=6, val_per_class=3, test_per_class=4)
+    for split, count in (("train", 6), ("val", 3), ("test", 4)):
+        lowest, highest = (255 * edge for edge in folders.STRIPS[("train", "val", "test").index(split) :][:2])
+        for label in (0, 1):
+            crops = sorted((root / split / f"class_{label}").glob("*.png"))
+            assert len(crops) == count
+            for crop in crops:
+                red = np.asarray(Image.open(crop))[..., 0].astype(float)
+                assert red.shape == (64, 64)
+                assert lowest - 3 <= red.min() and red.max() <= highest + 3, (split, red.min(), red.max())
+
+
+def test_the_wallpapers_set_names_its_package_when_missing(tmp_path, monkeypatch):
+    from benchmarks.accuracy import folders
+
+    monkeypatch.setattr(folders, "WALLPAPERS", str(tmp_path / "{}.jpg"))
+    with pytest.raises(FileNotFoundError, match="plasma-workspace-wallpapers"):
+        folders.write_folder("wallpapers", tmp_path / "set", per_class=2)
