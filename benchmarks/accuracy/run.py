@@ -133,7 +133,7 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if result.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"{recorded} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     plot = HERE / f"{name}.png"  # seed 0's curves only: the other seeds' stay in their run directories
     if not seed:
