@@ -186,11 +186,17 @@ def write_report(rows: dict[str, dict]) -> None:
     (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
 
 
+def _run_and_seed(row: dict) -> tuple[str, int]:
+    """(run, seed) of a recorded row; rows from before ``--seeds`` are their run at seed 0."""
+    return row.get("run", row["name"]), row.get("seed", 0)
+
+
 def _seeds_table(rows: dict[str, dict]) -> list[str]:
     """Test top-1 of every run recorded at more than one seed: each seed's, the mean and the range."""
     by_run: dict[str, dict[int, float]] = {}
     for row in rows.values():
-        by_run.setdefault(row.get("run", row["name"]), {})[row.get("seed", 0)] = 100 * row["test_acc1"]
+        run, seed = _run_and_seed(row)
+        by_run.setdefault(run, {})[seed] = 100 * row["test_acc1"]
     by_run = {run: accs for run, accs in by_run.items() if len(accs) > 1}
     if not by_run:
         return []
@@ -223,8 +229,8 @@ def _load_rows() -> dict[str, dict]:
     for run_file in sorted((HERE / "runs").glob("*.json")):
         rows[run_file.stem] = json.loads(run_file.read_text())
     order = {name: i for i, name in enumerate(RUNS)}
-    kept = [row for row in rows.values() if row.get("run", row["name"]) in order]
-    kept.sort(key=lambda row: (order[row.get("run", row["name"])], row.get("seed", 0)))
+    kept = [row for row in rows.values() if _run_and_seed(row)[0] in order]
+    kept.sort(key=lambda row: (order[_run_and_seed(row)[0]], _run_and_seed(row)[1]))
     return {row["name"]: row for row in kept}
 
 

@@ -1,5 +1,6 @@
-"""The accuracy benchmark's seeds: a run at another seed trains with ``seed=<n>``, is recorded under its own name,
-and RESULTS.md shows each run's mean over its seeds beside the first seed's table."""
+"""The accuracy benchmark (benchmarks/accuracy): a run at another seed trains with ``seed=<n>``, is recorded under its
+own name, and RESULTS.md shows each run's mean over its seeds beside the first seed's table; the wallpapers set's
+splits come from separate strips of each photo."""
 
 from __future__ import annotations
 
@@ -97,8 +98,8 @@ def test_wallpaper_crops_of_each_split_come_from_their_own_strip(tmp_path, monke
     monkeypatch.setattr(folders, "WALLPAPERS", str(tmp_path / "{}" / "2560x1600.png"))
     monkeypatch.setattr(folders, "WALLPAPER_PHOTOS", folders.WALLPAPER_PHOTOS[:2])
     root = folders.write_folder("wallpapers", tmp_path / "set", per_class=6, val_per_class=3, test_per_class=4)
-    for split, count in (("train", 6), ("val", 3), ("test", 4)):
-        lowest, highest = (255 * edge for edge in folders.STRIPS[("train", "val", "test").index(split) :][:2])
+    for index, (split, count) in enumerate((("train", 6), ("val", 3), ("test", 4))):
+        lowest, highest = 255 * folders.STRIPS[index], 255 * folders.STRIPS[index + 1]
         for label in (0, 1):
             crops = sorted((root / split / f"class_{label}").glob("*.png"))
             assert len(crops) == count
