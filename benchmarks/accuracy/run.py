@@ -113,7 +113,13 @@ def seed_run_name(name: str, seed: int) -> str:
     return name if seed == 0 else f"{name}_seed{seed}"
 
 
-def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
+EVERY_EPOCH = [  # --test-every-epoch: benchmarks.accuracy.epoch_test's callback, which does not change the training
+    "+callbacks.epoch_test._target_=benchmarks.accuracy.epoch_test.TestEveryEpoch",
+    "+callbacks.epoch_test.path=${paths.output_dir}/epoch_test.csv",
+]
+
+
+def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0, every_epoch: bool = False) -> dict:
     dataset, model, overrides = RUNS[name]
     if seed:
         overrides = [*overrides, f"seed={seed}"]
@@ -126,6 +132,7 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     overrides = [*overrides, *extra, f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+    overrides += EVERY_EPOCH if every_epoch else []
     shown += extra
     command = [sys.executable, "train.py", *overrides]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
@@ -138,6 +145,10 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
     plot = HERE / f"{name}.png"  # seed 0's curves only: the other seeds' stay in their run directories
     if not seed:
         shutil.copyfile(run_dir / "learning_curves.png", plot)
+    from benchmarks.accuracy.epoch_test import read_curve  # torch and Lightning: only for the runs that need them
+
+    curve = read_curve(run_dir / "epoch_test.csv") if every_epoch else []
+    wall -= sum(row["seconds"] for row in curve)  # the training's own time: without the extra test passes
     return {
         "name": recorded,
         "run": name,
@@ -154,6 +165,7 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
         "plot": plot.name if not seed else None,
+        **({"epoch_curve": curve} if curve else {}),
     }
 
 
@@ -240,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / "outputs" / "accuracy_benchmark")
     parser.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the recorded runs")
     parser.add_argument("--seeds", default="0", help="comma list of seeds to run each at (default: 0)")
+    parser.add_argument(
+        "--test-every-epoch",
+        action="store_true",
+        help="also test every validated epoch's weights (recorded as each run's epoch_curve; for comparing "
+        "checkpoint-selection rules, benchmarks.accuracy.selection)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
     args = parser.parse_args(argv)
     wanted = [w for w in args.only.split(",") if w]
@@ -250,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, seed in [] if args.report_only else [(n, s) for s in seeds for n in names]:
         sys.stdout.write(f"{seed_run_name(name, seed)} ...\n")
         sys.stdout.flush()
-        row = run_one(name, args.log_dir, args.overrides, seed)
+        row = run_one(name, args.log_dir, args.overrides, seed, args.test_every_epoch)
         (HERE / "runs").mkdir(exist_ok=True)
         (HERE / "runs" / f"{row['name']}.json").write_text(json.dumps(row, indent=2, sort_keys=True) + "\n")
         sys.stdout.write(f"  test top-1 {100 * row['test_acc1']:.2f}% in {row['wall_s']:.0f} s\n")
