@@ -7,7 +7,7 @@ validated epoch and writes one CSV row per validation: epoch, step, the validati
 test top-1 of the raw and EMA weights. Benchmark use only: a training run must not look at its test split.
 
     python train.py data=imagefolder data.root=DIR \\
-        +callbacks.epoch_test._target_=benchmarks.accuracy.epoch_test.TestEveryEpoch \\
+        +callbacks.epoch_test._target_=benchmarks.accuracy.epoch_test.EpochTestRecorder \\
         '+callbacks.epoch_test.path=${paths.output_dir}/epoch_test.csv'
 
 (``python -m benchmarks.accuracy.run --test-every-epoch`` adds these.)
@@ -25,7 +25,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 COLUMNS = ("epoch", "step", "val_acc1", "val_loss", "val_images", "test_acc1", "test_ema_acc1", "seconds")
 
 
-class TestEveryEpoch(Callback):
+class EpochTestRecorder(Callback):
     """Append ``COLUMNS`` to ``path`` after every validation (not the sanity check)."""
 
     def __init__(self, path: str | Path):

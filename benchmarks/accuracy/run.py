@@ -114,7 +114,7 @@ def seed_run_name(name: str, seed: int) -> str:
 
 
 EVERY_EPOCH = [  # --test-every-epoch: benchmarks.accuracy.epoch_test's callback, which does not change the training
-    "+callbacks.epoch_test._target_=benchmarks.accuracy.epoch_test.TestEveryEpoch",
+    "+callbacks.epoch_test._target_=benchmarks.accuracy.epoch_test.EpochTestRecorder",
     "+callbacks.epoch_test.path=${paths.output_dir}/epoch_test.csv",
 ]
 

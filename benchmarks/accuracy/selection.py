@@ -1,0 +1,152 @@
+"""Checkpoint-selection rules compared on the runs recorded with ``--test-every-epoch``.
+
+    python -m benchmarks.accuracy.selection   # a Markdown table, from benchmarks/accuracy/runs/*.json
+
+Each rule sees what a checkpoint callback sees during training (each validation's accuracy, loss and image count,
+in order) and names one validated epoch; the run's ``epoch_curve`` then gives the test top-1 of that epoch's
+weights. So every rule is judged on the same runs, without a run per rule. ``oracle`` (the best test top-1 of any
+epoch) is no rule: it bounds what choosing can gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+Curve = Sequence[dict]
+
+
+def best_accuracy(curve: Curve) -> int:
+    """The linvit config today: the highest validation top-1; a tie goes to the lower validation loss."""
+    chosen = 0
+    for i, row in enumerate(curve):
+        best = curve[chosen]
+        tie = row["val_acc1"] == best["val_acc1"] and row["val_loss"] < best["val_loss"]
+        if row["val_acc1"] > best["val_acc1"] or tie:
+            chosen = i
+    return chosen
+
+
+def last(curve: Curve) -> int:
+    """The last validated epoch."""
+    return len(curve) - 1
+
+
+def lowest_loss(curve: Curve) -> int:
+    """The lowest validation loss."""
+    return min(range(len(curve)), key=lambda i: (curve[i]["val_loss"], -i))
+
+
+def standard_error(accuracy: float, images: int) -> float:
+    """The binomial standard error of an accuracy measured on ``images`` images, Laplace-smoothed (a perfect score
+    on 30 images is not a certainty: (30 + 1) / (30 + 2))."""
+    right = accuracy * images
+    p = (right + 1) / (images + 2)
+    return math.sqrt(p * (1 - p) / images)
+
+
+def within_one_error(curve: Curve) -> int:
+    """The latest validation within one standard error of the best validation top-1 so far: a later epoch that
+    validates one image below an earlier one is not worse on evidence, and has trained longer."""
+    chosen, best = 0, -1.0
+    for i, row in enumerate(curve):
+        best = max(best, row["val_acc1"])
+        if row["val_acc1"] >= best - standard_error(best, row["val_images"]):
+            chosen = i
+    return chosen
+
+
+def best_of_three(curve: Curve) -> int:
+    """The latest epoch of the three consecutive validations of highest mean top-1 (ties: the later); a run of
+    fewer validations is one window."""
+    ends = range(min(2, len(curve) - 1), len(curve))
+    means = {i: sum(row["val_acc1"] for row in curve[max(0, i - 2) : i + 1]) for i in ends}
+    return max(ends, key=lambda i: (means[i], i))
+
+
+RULES: dict[str, Callable[[Curve], int]] = {
+    "best accuracy (today)": best_accuracy,
+    "last": last,
+    "lowest loss": lowest_loss,
+    "within one error": within_one_error,
+    "best of three": best_of_three,
+}
+
+
+def chosen_test(curve: Curve) -> dict[str, tuple[int, float]]:
+    """Each rule's (epoch, test top-1 in %) on one run, with the EMA weights of the last epoch and the oracle."""
+    out = {name: (curve[rule(curve)]["epoch"], 100 * curve[rule(curve)]["test_acc1"]) for name, rule in RULES.items()}
+    if curve[-1].get("test_ema_acc1") is not None:
+        out["last, EMA weights"] = (curve[-1]["epoch"], 100 * curve[-1]["test_ema_acc1"])
+    top = max(range(len(curve)), key=lambda i: curve[i]["test_acc1"])
+    out["oracle"] = (curve[top]["epoch"], 100 * curve[top]["test_acc1"])
+    return out
+
+
+def load_curves(folder: Path = HERE / "runs") -> dict[str, dict]:
+    """The recorded runs that carry an ``epoch_curve``: name -> row."""
+    rows = {}
+    for path in sorted(folder.glob("*.json")):
+        row = json.loads(path.read_text())
+        if row.get("epoch_curve"):
+            rows[row["name"]] = row
+    return rows
+
+
+def table(rows: dict[str, dict]) -> list[str]:
+    """Markdown: test top-1 of each rule's choice, per run (set, model) as the mean over its seeds, and overall."""
+    by_run: dict[str, list[dict[str, tuple[int, float]]]] = {}
+    for row in rows.values():
+        by_run.setdefault(row.get("run", row["name"]), []).append(chosen_test(row["epoch_curve"]))
+    names = list(next(iter(by_run.values()))[0]) if by_run else []
+    lines = [
+        "| run (seeds) | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    totals = {name: [] for name in names}
+    for run, seeds in by_run.items():
+        cells = []
+        for name in names:
+            values = [seed[name][1] for seed in seeds if name in seed]
+            totals[name] += values
+            cells.append(f"{sum(values) / len(values):.2f}" if values else "-")
+        lines.append(f"| {run.removeprefix('folder_')} ({len(seeds)}) | " + " | ".join(cells) + " |")
+    count = max((len(v) for v in totals.values()), default=0)
+    lines.append(
+        f"| mean of {count} runs | "
+        + " | ".join(f"{sum(v) / len(v):.2f}" if v else "-" for v in totals.values())
+        + " |"
+    )
+    today = totals[names[0]] if names else []
+    lines.append(
+        "| runs better / worse than today | "
+        + " | ".join(
+            f"{sum(a > b for a, b in zip(v, today))} / {sum(a < b for a, b in zip(v, today))}"
+            if len(v) == len(today)
+            else "-"
+            for v in totals.values()
+        )
+        + " |"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=HERE / "runs", help="folder of recorded runs (*.json)")
+    args = parser.parse_args(argv)
+    rows = load_curves(args.runs)
+    if not rows:
+        sys.stderr.write(f"no run in {args.runs} has an epoch_curve: record some with --test-every-epoch\n")
+        return 1
+    sys.stdout.write("\n".join(table(rows)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
