@@ -22,7 +22,18 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-COLUMNS = ("epoch", "step", "val_acc1", "val_loss", "val_images", "test_acc1", "test_ema_acc1", "seconds")
+COLUMNS = (
+    "epoch",
+    "step",
+    "val_acc1",
+    "val_loss",
+    "val_ema_acc1",
+    "val_ema_loss",
+    "val_images",
+    "test_acc1",
+    "test_ema_acc1",
+    "seconds",
+)
 
 
 class EpochTestRecorder(Callback):
@@ -45,6 +56,8 @@ class EpochTestRecorder(Callback):
             "step": trainer.global_step,
             "val_acc1": float(metrics["val/acc1"]),
             "val_loss": float(metrics["val/loss"]),
+            "val_ema_acc1": float(metrics["val_ema/acc1"]) if "val_ema/acc1" in metrics else "",
+            "val_ema_loss": float(metrics["val_ema/loss"]) if "val_ema/loss" in metrics else "",
             "val_images": len(trainer.datamodule.val_set),
             "test_acc1": _top1(pl_module.model, self.batches, pl_module.device),
             "test_ema_acc1": "" if ema is None else _top1(ema.module, self.batches, pl_module.device),
@@ -72,14 +85,3 @@ def _top1(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor
     finally:
         model.train(was_training)
     return right / max(1, total)
-
-
-def read_curve(path: str | Path) -> list[dict[str, float]]:
-    """The rows of an ``epoch_test.csv``, as numbers (``test_ema_acc1`` None without EMA)."""
-    rows = []
-    with Path(path).open(newline="") as file:
-        for raw in csv.DictReader(file):
-            row = {key: float(value) if value != "" else None for key, value in raw.items()}
-            row["epoch"], row["step"], row["val_images"] = int(row["epoch"]), int(row["step"]), int(row["val_images"])
-            rows.append(row)
-    return rows

@@ -24,6 +24,7 @@ one seed's checkpoint can move a row by 5 points, so RESULTS.md also shows each 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -145,10 +146,13 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0, every_epo
     plot = HERE / f"{name}.png"  # seed 0's curves only: the other seeds' stay in their run directories
     if not seed:
         shutil.copyfile(run_dir / "learning_curves.png", plot)
-    from benchmarks.accuracy.epoch_test import read_curve  # torch and Lightning: only for the runs that need them
-
-    curve = read_curve(run_dir / "epoch_test.csv") if every_epoch else []
-    wall -= sum(row["seconds"] for row in curve)  # the training's own time: without the extra test passes
+    curve = None
+    if every_epoch:  # the curve beside the run's record, and the training's own time without the test passes
+        curve = HERE / "runs" / f"{recorded}.epochs.csv"
+        curve.parent.mkdir(exist_ok=True)
+        shutil.copyfile(run_dir / "epoch_test.csv", curve)
+        with curve.open(newline="") as file:
+            wall -= sum(float(row["seconds"]) for row in csv.DictReader(file))
     return {
         "name": recorded,
         "run": name,
@@ -165,7 +169,7 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0, every_epo
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
         "plot": plot.name if not seed else None,
-        **({"epoch_curve": curve} if curve else {}),
+        **({"epoch_curve": curve.name} if curve else {}),
     }
 
 
@@ -255,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--test-every-epoch",
         action="store_true",
-        help="also test every validated epoch's weights (recorded as each run's epoch_curve; for comparing "
-        "checkpoint-selection rules, benchmarks.accuracy.selection)",
+        help="also test every validated epoch's weights (recorded as runs/<run>.epochs.csv; for comparing "
+        "checkpoint-selection rules: python -m benchmarks.accuracy.selection)",
     )
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
     args = parser.parse_args(argv)

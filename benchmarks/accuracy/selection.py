@@ -11,6 +11,7 @@ epoch) is no rule: it bounds what choosing can gain.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -88,13 +89,25 @@ def chosen_test(curve: Curve) -> dict[str, tuple[int, float]]:
     return out
 
 
+def read_curve(path: str | Path) -> list[dict]:
+    """The rows of an ``epoch_test.csv`` (:mod:`benchmarks.accuracy.epoch_test`) as numbers; a column left empty
+    (no EMA) or missing (a file written before it was added) is None."""
+    rows = []
+    with Path(path).open(newline="") as file:
+        for raw in csv.DictReader(file):
+            row = {key: float(value) if value not in (None, "") else None for key, value in raw.items()}
+            row["epoch"], row["step"], row["val_images"] = int(row["epoch"]), int(row["step"]), int(row["val_images"])
+            rows.append(row)
+    return rows
+
+
 def load_curves(folder: Path = HERE / "runs") -> dict[str, dict]:
-    """The recorded runs that carry an ``epoch_curve``: name -> row."""
+    """The recorded runs with an ``epoch_curve`` (the name of their CSV beside them): name -> row, the curve read."""
     rows = {}
     for path in sorted(folder.glob("*.json")):
         row = json.loads(path.read_text())
         if row.get("epoch_curve"):
-            rows[row["name"]] = row
+            rows[row["name"]] = {**row, "epoch_curve": read_curve(folder / row["epoch_curve"])}
     return rows
 
 

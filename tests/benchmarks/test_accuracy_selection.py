@@ -4,6 +4,7 @@ what the model gets right on the test split, and the runner passes the callback 
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 
 from benchmarks.accuracy import run as accuracy
 from benchmarks.accuracy import selection
-from benchmarks.accuracy.epoch_test import EpochTestRecorder, read_curve
+from benchmarks.accuracy.epoch_test import COLUMNS, EpochTestRecorder
 
 
 def _curve(val: list[float], test: list[float], loss: list[float] | None = None, images: int = 30) -> list[dict]:
@@ -46,12 +47,18 @@ def test_best_of_three_and_lowest_loss():
     assert selection.lowest_loss(curve) == 3  # a tie of losses: the later epoch
 
 
+def _write_curve(path: Path, curve: list[dict]) -> None:
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({**row, "seconds": 1.0} for row in curve)
+
+
 def test_the_table_averages_each_run_over_its_seeds_and_counts_changes(tmp_path):
-    rows = {
-        "a": {"name": "a", "run": "folder_x_m", "epoch_curve": _curve([0.9, 0.8], [0.80, 0.90])},
-        "a_seed1": {"name": "a_seed1", "run": "folder_x_m", "epoch_curve": _curve([0.8, 0.9], [0.70, 0.60])},
-    }
-    for name, row in rows.items():
+    curves = {"a": _curve([0.9, 0.8], [0.80, 0.90]), "a_seed1": _curve([0.8, 0.9], [0.70, 0.60])}
+    for name, curve in curves.items():
+        _write_curve(tmp_path / f"{name}.epochs.csv", curve)
+        row = {"name": name, "run": "folder_x_m", "epoch_curve": f"{name}.epochs.csv"}
         (tmp_path / f"{name}.json").write_text(json.dumps(row))
     (tmp_path / "old.json").write_text(json.dumps({"name": "old", "run": "folder_x_m"}))  # no curve: left out
     lines = selection.table(selection.load_curves(tmp_path))
@@ -97,9 +104,10 @@ def test_the_callback_records_each_validations_test_accuracy(tmp_path):
     assert not (tmp_path / "curve.csv").exists()  # the sanity check is no epoch
     callback.on_validation_end(_fake_trainer(images, targets), module)
     callback.on_validation_end(_fake_trainer(images, targets), module)
-    rows = read_curve(tmp_path / "curve.csv")
+    rows = selection.read_curve(tmp_path / "curve.csv")
     assert len(rows) == 2
     assert rows[0]["test_acc1"] == pytest.approx(0.8) and rows[0]["test_ema_acc1"] == pytest.approx(0.8)
+    assert rows[0]["val_ema_acc1"] is None  # not among the validation's metrics
     assert (rows[0]["epoch"], rows[0]["step"], rows[0]["val_images"]) == (4, 40, 7)
     assert rows[0]["val_acc1"] == pytest.approx(0.5) and rows[0]["val_loss"] == pytest.approx(0.7)
     assert model.modes == [False] * 4 and model.training  # evaluated in eval mode, left in training mode
@@ -127,5 +135,7 @@ def test_the_runner_adds_the_callback_only_when_asked(tmp_path, monkeypatch):
     plain = accuracy.run_one("folder_digits_3x40_linvit_nano", tmp_path / "logs", [])
     assert "epoch_curve" not in plain and not any("epoch_test" in arg for arg in calls[0])
     row = accuracy.run_one("folder_digits_3x40_linvit_nano", tmp_path / "logs", [], every_epoch=True)
-    assert [point["test_acc1"] for point in row["epoch_curve"]] == [0.4]
+    assert row["epoch_curve"] == "folder_digits_3x40_linvit_nano.epochs.csv"
+    assert [point["test_acc1"] for point in selection.read_curve(tmp_path / "runs" / row["epoch_curve"])] == [0.4]
+    assert row["wall_s"] < plain["wall_s"] + 1 and row["wall_s"] < 0  # the 2.5 s of test passes taken off
     assert "epoch_test" not in row["command"]  # the recorded command trains the same without it
