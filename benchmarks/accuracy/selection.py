@@ -79,11 +79,29 @@ RULES: dict[str, Callable[[Curve], int]] = {
 }
 
 
+EMA_RULES = ("best accuracy (today)", "last", "within one error")  # also judged on the EMA weights' curve
+
+
+def ema_view(curve: Curve) -> list[dict] | None:
+    """The curve as the EMA weights see it (their validation and test in the raw weights' columns); None where the
+    run has no EMA weights or their validation was not recorded."""
+    keys = ("val_ema_acc1", "val_ema_loss", "test_ema_acc1")
+    if any(row.get(key) is None for row in curve for key in keys):
+        return None
+    return [
+        {**row, "val_acc1": row["val_ema_acc1"], "val_loss": row["val_ema_loss"], "test_acc1": row["test_ema_acc1"]}
+        for row in curve
+    ]
+
+
 def chosen_test(curve: Curve) -> dict[str, tuple[int, float]]:
-    """Each rule's (epoch, test top-1 in %) on one run, with the EMA weights of the last epoch and the oracle."""
+    """Each rule's (epoch, test top-1 in %) on one run, on the raw weights and (``..., EMA``) on the EMA weights
+    where the run recorded their validation, with the oracle."""
     out = {name: (curve[rule(curve)]["epoch"], 100 * curve[rule(curve)]["test_acc1"]) for name, rule in RULES.items()}
-    if curve[-1].get("test_ema_acc1") is not None:
-        out["last, EMA weights"] = (curve[-1]["epoch"], 100 * curve[-1]["test_ema_acc1"])
+    ema = ema_view(curve)
+    for name in EMA_RULES if ema is not None else ():
+        chosen = ema[RULES[name](ema)]
+        out[f"{name}, EMA"] = (chosen["epoch"], 100 * chosen["test_acc1"])
     top = max(range(len(curve)), key=lambda i: curve[i]["test_acc1"])
     out["oracle"] = (curve[top]["epoch"], 100 * curve[top]["test_acc1"])
     return out
@@ -112,38 +130,31 @@ def load_curves(folder: Path = HERE / "runs") -> dict[str, dict]:
 
 
 def table(rows: dict[str, dict]) -> list[str]:
-    """Markdown: test top-1 of each rule's choice, per run (set, model) as the mean over its seeds, and overall."""
+    """Markdown: test top-1 of each rule's choice, per run (set, model) as the mean over its seeds, and over all
+    runs; then how many runs each rule moves up and down against today's rule (on the runs it was judged on)."""
     by_run: dict[str, list[dict[str, tuple[int, float]]]] = {}
     for row in rows.values():
         by_run.setdefault(row.get("run", row["name"]), []).append(chosen_test(row["epoch_curve"]))
-    names = list(next(iter(by_run.values()))[0]) if by_run else []
-    lines = [
-        "| run (seeds) | " + " | ".join(names) + " |",
-        "|---|" + "---:|" * len(names),
-    ]
-    totals = {name: [] for name in names}
+    names = list(dict.fromkeys(name for seeds in by_run.values() for seed in seeds for name in seed))
+    names.sort(key=lambda name: name == "oracle")  # the bound last
+    today = names[0] if names else ""
+    lines = ["| run (seeds) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}  # (today's, the rule's) per run
     for run, seeds in by_run.items():
         cells = []
         for name in names:
             values = [seed[name][1] for seed in seeds if name in seed]
-            totals[name] += values
+            pairs[name] += [(seed[today][1], seed[name][1]) for seed in seeds if name in seed]
             cells.append(f"{sum(values) / len(values):.2f}" if values else "-")
         lines.append(f"| {run.removeprefix('folder_')} ({len(seeds)}) | " + " | ".join(cells) + " |")
-    count = max((len(v) for v in totals.values()), default=0)
     lines.append(
-        f"| mean of {count} runs | "
-        + " | ".join(f"{sum(v) / len(v):.2f}" if v else "-" for v in totals.values())
+        "| mean (runs) | "
+        + " | ".join(f"{sum(v for _, v in p) / len(p):.2f} ({len(p)})" if p else "-" for p in pairs.values())
         + " |"
     )
-    today = totals[names[0]] if names else []
     lines.append(
-        "| runs better / worse than today | "
-        + " | ".join(
-            f"{sum(a > b for a, b in zip(v, today))} / {sum(a < b for a, b in zip(v, today))}"
-            if len(v) == len(today)
-            else "-"
-            for v in totals.values()
-        )
+        "| runs up / down against today | "
+        + " | ".join(f"{sum(v > t for t, v in p)} / {sum(v < t for t, v in p)}" for p in pairs.values())
         + " |"
     )
     return lines

@@ -68,8 +68,22 @@ def test_the_table_averages_each_run_over_its_seeds_and_counts_changes(tmp_path)
     assert values["run (seeds)"] == "x_m (2)"
     assert values["best accuracy (today)"] == "70.00"  # seed 0: epoch 0 (80%); seed 1: epoch 1 (60%)
     assert values["last"] == "75.00" and values["oracle"] == "80.00"
+    assert header[-1] == "oracle" and "last, EMA" not in header  # no EMA columns in these curves
+    mean = dict(zip(header, [cell.strip() for cell in lines[-2].split("|")[1:-1]]))
+    assert mean["last"] == "75.00 (2)"
     changes = dict(zip(header, [cell.strip() for cell in lines[-1].split("|")[1:-1]]))
     assert changes["last"] == "1 / 0"  # seed 0 gains 10 points, seed 1 ends on the epoch chosen today
+
+
+def test_the_ema_rules_read_the_ema_weights_columns():
+    curve = _curve([0.9, 0.8, 0.7], [0.5, 0.6, 0.7])
+    assert "best accuracy (today), EMA" not in selection.chosen_test(curve)
+    for row, ema_val, ema_test in zip(curve, [0.6, 0.9, 0.8], [0.95, 0.85, 0.75]):
+        row.update(val_ema_acc1=ema_val, val_ema_loss=1.0, test_ema_acc1=ema_test)
+    chosen = selection.chosen_test(curve)
+    assert chosen["best accuracy (today)"] == (0, 50.0)  # the raw weights' best validation
+    assert chosen["best accuracy (today), EMA"] == (1, 85.0)  # the EMA weights' best validation, their test
+    assert chosen["last, EMA"] == (2, 75.0)
 
 
 def _fake_trainer(test_images: torch.Tensor, test_targets: torch.Tensor, sanity: bool = False):
