@@ -77,6 +77,9 @@ FOLDER_MODELS: dict[str, list[str]] = {
     BASELINE: ["model=timm", f"model.model_name={BASELINE}"],
 }
 FOLDERS = "<folders>"  # in an override: the folder the sets are written into
+# how a run chose best.ckpt (callbacks.model_checkpoint), recorded with it
+HIGHEST = "highest"  # the highest val/acc1, a tie to the lower val/loss: every run recorded before 2026-12-07
+WITHIN_ERROR = "within one error"  # the latest val/acc1 within one standard error of the best so far
 RUNS.update(
     {
         f"folder_{folder_set}_{model}": (
@@ -169,8 +172,18 @@ def run_one(name: str, log_dir: Path, extra: list[str], seed: int = 0, every_epo
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
         "plot": plot.name if not seed else None,
+        "checkpoint_rule": _checkpoint_rule(run_dir),
         **({"epoch_curve": curve.name} if curve else {}),
     }
+
+
+def _checkpoint_rule(run_dir: Path) -> str:
+    """How the run chose ``best.ckpt``, from its ``config.yaml``: ``callbacks.model_checkpoint.within_error`` or not."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    checkpoint = (config.get("callbacks") or {}).get("model_checkpoint") or {}
+    return WITHIN_ERROR if checkpoint.get("within_error") else HIGHEST
 
 
 def write_report(rows: dict[str, dict]) -> None:
@@ -185,16 +198,22 @@ def write_report(rows: dict[str, dict]) -> None:
         "`folder_*` runs: sets written as ImageNet-layout folders (`<folders>`: `benchmarks/accuracy/folders.py`),",
         "trained with `data=imagefolder data.root=DIR` and nothing else (every training value `auto`).",
         "",
-        "| run | params | test top-1 | test top-1 (EMA) | test top-5 | wall time | command |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "`best.ckpt` rule: `highest` is the highest `val/acc1` (a tie to the lower `val/loss`), the default of every",
+        "run before 2026-12-07; `within one error` the latest `val/acc1` within one standard error of the best so far",
+        "(`callbacks.model_checkpoint.within_error`, the default since; see the checkpoint rules below).",
+        "",
+        "| run | params | test top-1 | test top-1 (EMA) | test top-5 | wall time | command | `best.ckpt` rule |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in first.values():
         ema = f"{100 * row['test_ema_acc1']:.2f}%" if row.get("test_ema_acc1") is not None else "-"
         lines.append(
             f"| {row['name']} | {row['params'] / 1e6:.2f}M | {100 * row['test_acc1']:.2f}% | {ema} "
-            f"| {100 * row['test_acc5']:.2f}% | {row['wall_s'] / 60:.1f} min | `{row['command']}` |"
+            f"| {100 * row['test_acc5']:.2f}% | {row['wall_s'] / 60:.1f} min | `{row['command']}` "
+            f"| {row.get('checkpoint_rule', HIGHEST)} |"
         )
     lines += _seeds_table(rows)
+    lines += _rules_table()
     lines += ["", "Machines and dates:", ""]
     lines += [f"- {row['name']}: {row['machine']}, {row['date']}" for row in rows.values()]
     lines += ["", "Learning curves (seed 0):", ""]
@@ -233,6 +252,24 @@ def _seeds_table(rows: dict[str, dict]) -> list[str]:
             f"| {max(values) - min(values):.2f} |"
         )
     return lines
+
+
+def _rules_table() -> list[str]:
+    """The checkpoint-selection rules on the runs recorded with per-epoch test curves (``--test-every-epoch``)."""
+    from benchmarks.accuracy import selection
+
+    curves = selection.load_curves(HERE / "runs")
+    if not curves:
+        return []
+    return [
+        "",
+        "Checkpoint rules (`python -m benchmarks.accuracy.selection`): the test top-1 of the epoch each rule would",
+        "keep as `best.ckpt`, from the runs' per-epoch test curves (`--test-every-epoch`, `runs/<run>.epochs.csv`),",
+        "mean over each run's seeds; `..., EMA`: the EMA weights' validation chooses and their test scores;",
+        "`oracle`: the best epoch's test top-1, which no rule can see.",
+        "",
+        *selection.table(curves),
+    ]
 
 
 def _load_rows() -> dict[str, dict]:

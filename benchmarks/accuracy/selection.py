@@ -13,17 +13,19 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from linvit.train.modules.callbacks import accuracy_standard_error
 
 HERE = Path(__file__).resolve().parent
 Curve = Sequence[dict]
 
 
 def best_accuracy(curve: Curve) -> int:
-    """The linvit config today: the highest validation top-1; a tie goes to the lower validation loss."""
+    """linvit's rule before 2026-12-07 (``within_error=false``): the highest validation top-1; a tie goes to the lower
+    validation loss."""
     chosen = 0
     for i, row in enumerate(curve):
         best = curve[chosen]
@@ -43,21 +45,14 @@ def lowest_loss(curve: Curve) -> int:
     return min(range(len(curve)), key=lambda i: (curve[i]["val_loss"], -i))
 
 
-def standard_error(accuracy: float, images: int) -> float:
-    """The binomial standard error of an accuracy measured on ``images`` images, Laplace-smoothed (a perfect score
-    on 30 images is not a certainty: (30 + 1) / (30 + 2))."""
-    right = accuracy * images
-    p = (right + 1) / (images + 2)
-    return math.sqrt(p * (1 - p) / images)
-
-
 def within_one_error(curve: Curve) -> int:
     """The latest validation within one standard error of the best validation top-1 so far: a later epoch that
-    validates one image below an earlier one is not worse on evidence, and has trained longer."""
+    validates one image below an earlier one is not worse on evidence, and has trained longer. The rule of
+    ``callbacks.model_checkpoint.within_error`` (linvit's default since 2026-12-07)."""
     chosen, best = 0, -1.0
     for i, row in enumerate(curve):
         best = max(best, row["val_acc1"])
-        if row["val_acc1"] >= best - standard_error(best, row["val_images"]):
+        if row["val_acc1"] >= best - accuracy_standard_error(best, row["val_images"]):
             chosen = i
     return chosen
 
@@ -71,7 +66,7 @@ def best_of_three(curve: Curve) -> int:
 
 
 RULES: dict[str, Callable[[Curve], int]] = {
-    "best accuracy (today)": best_accuracy,
+    "highest": best_accuracy,
     "last": last,
     "lowest loss": lowest_loss,
     "within one error": within_one_error,
@@ -79,7 +74,7 @@ RULES: dict[str, Callable[[Curve], int]] = {
 }
 
 
-EMA_RULES = ("best accuracy (today)", "last", "within one error")  # also judged on the EMA weights' curve
+EMA_RULES = ("highest", "last", "within one error")  # also judged on the EMA weights' curve
 
 
 def ema_view(curve: Curve) -> list[dict] | None:
@@ -131,20 +126,20 @@ def load_curves(folder: Path = HERE / "runs") -> dict[str, dict]:
 
 def table(rows: dict[str, dict]) -> list[str]:
     """Markdown: test top-1 of each rule's choice, per run (set, model) as the mean over its seeds, and over all
-    runs; then how many runs each rule moves up and down against today's rule (on the runs it was judged on)."""
+    runs; then how many runs each rule moves up and down against ``highest`` (on the runs it was judged on)."""
     by_run: dict[str, list[dict[str, tuple[int, float]]]] = {}
     for row in rows.values():
         by_run.setdefault(row.get("run", row["name"]), []).append(chosen_test(row["epoch_curve"]))
     names = list(dict.fromkeys(name for seeds in by_run.values() for seed in seeds for name in seed))
     names.sort(key=lambda name: name == "oracle")  # the bound last
-    today = names[0] if names else ""
+    base = names[0] if names else ""
     lines = ["| run (seeds) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}  # (today's, the rule's) per run
+    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}  # (highest's, the rule's) per run
     for run, seeds in by_run.items():
         cells = []
         for name in names:
             values = [seed[name][1] for seed in seeds if name in seed]
-            pairs[name] += [(seed[today][1], seed[name][1]) for seed in seeds if name in seed]
+            pairs[name] += [(seed[base][1], seed[name][1]) for seed in seeds if name in seed]
             cells.append(f"{sum(values) / len(values):.2f}" if values else "-")
         lines.append(f"| {run.removeprefix('folder_')} ({len(seeds)}) | " + " | ".join(cells) + " |")
     lines.append(
@@ -153,7 +148,7 @@ def table(rows: dict[str, dict]) -> list[str]:
         + " |"
     )
     lines.append(
-        "| runs up / down against today | "
+        "| runs up / down against highest | "
         + " | ".join(f"{sum(v > t for t, v in p)} / {sum(v < t for t, v in p)}" for p in pairs.values())
         + " |"
     )

@@ -68,6 +68,7 @@ def test_a_run_at_another_seed_trains_with_it(here, tmp_path, monkeypatch):
         run_dir.mkdir(parents=True)
         (run_dir / "metrics.json").write_text(json.dumps({"test/acc1": 0.5, "test/acc5": 1.0}))
         (run_dir / "learning_curves.png").write_bytes(b"png")
+        (run_dir / "config.yaml").write_text("callbacks:\n  model_checkpoint:\n    within_error: true\n")
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(accuracy.subprocess, "run", fake_train)
@@ -76,7 +77,7 @@ def test_a_run_at_another_seed_trains_with_it(here, tmp_path, monkeypatch):
     row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=2)
     assert "seed=2" in calls[0] and any(arg.endswith(f"{RUN}_seed2") for arg in calls[0])
     assert (row["name"], row["run"], row["seed"], row["plot"]) == (f"{RUN}_seed2", RUN, 2, None)
-    assert "seed=2" in row["command"]
+    assert "seed=2" in row["command"] and row["checkpoint_rule"] == accuracy.WITHIN_ERROR  # from its config.yaml
     assert not (here / f"{RUN}.png").exists()  # seed 0's curves are not overwritten by another seed's
     row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=0)
     assert not any(arg.startswith("seed=") for arg in calls[1]) and row["name"] == RUN
