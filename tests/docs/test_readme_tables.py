@@ -84,6 +84,21 @@ def test_folder_accuracy_table_is_the_benchmark_results():
             assert value == (first[run] if seed0 else means[run]), run
 
 
+def test_the_checkpoint_rule_figures_are_the_benchmark_rules_table():
+    """The README's figures for the within-one-error rule restate RESULTS.md's checkpoint rules table."""
+    results = (REPO / "benchmarks" / "accuracy" / "RESULTS.md").read_text()
+    table = markdown_table("| run (seeds) |", results)
+    column = table[0].index("within one error")
+    rule = {row[0].split(" (")[0]: row[column] for row in table[1:]}
+    text = " ".join(readme_text().split())
+    for folder_set in ("digits_3x40", "fashion_mnist_3x40", "wallpapers_11x60"):
+        pair = f"`{folder_set}`( reads)? {rule[folder_set + '_linvit_nano']} / {rule[folder_set + '_resnet18']}%"
+        assert re.search(pair, text), pair
+    mean_row = next(row for row in table if row[0] == "mean (runs)")
+    highest, within = (float(mean_row[i].split()[0]) for i in (1, column))
+    assert f"gains {within - highest:.2f} points" in text
+
+
 def test_config_groups_table_names_the_options_on_disk():
     from linvit.train.runs.hydra_app import config_dir
 

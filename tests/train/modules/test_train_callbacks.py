@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from linvit.io.destination import RECORD_NAME, file_sha256, recorded_sha256
-from linvit.train.modules.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm
+from linvit.train.modules.callbacks import AtomicModelCheckpoint, LearningCurves, SaveOnSigterm, accuracy_standard_error
 from linvit.train.modules.classification import ImageClassifier
 
 
@@ -191,3 +191,46 @@ def test_a_tie_on_the_monitored_value_goes_to_the_better_tie_break(tmp_path):
     assert validate(strict, 1.0, 0.3) and not validate(strict, 1.0, 0.1)
     with pytest.raises(ValueError, match="tie_break_mode must be 'min' or 'max'"):
         checkpoint_callback(tie_break="val/loss", tie_break_mode="lowest")
+
+
+def test_within_error_keeps_the_latest_validation_within_one_standard_error_of_the_best(tmp_path):
+    from types import SimpleNamespace
+
+    def checkpoint_callback() -> AtomicModelCheckpoint:
+        return AtomicModelCheckpoint(
+            dirpath=tmp_path, filename="best", monitor="val/acc1", mode="max", tie_break="val/loss", within_error=True
+        )
+
+    trainer = SimpleNamespace(
+        callback_metrics={},
+        strategy=SimpleNamespace(reduce_boolean_decision=lambda d, **_: d),
+        datamodule=SimpleNamespace(val_set=[None] * 30),  # one image is 3.3 points
+    )
+
+    def validate(checkpoint: AtomicModelCheckpoint, right: int, loss: float = 1.0) -> bool:
+        acc1 = right / 30
+        trainer.callback_metrics = {"val/acc1": torch.tensor(acc1), "val/loss": torch.tensor(loss)}
+        better = checkpoint.check_monitor_top_k(trainer, torch.tensor(acc1))
+        if better:  # what Lightning's _update_best_and_save keeps
+            checkpoint.best_k_models, checkpoint.kth_best_model_path = {"best.ckpt": torch.tensor(acc1)}, "best.ckpt"
+        return better
+
+    checkpoint = checkpoint_callback()
+    assert validate(checkpoint, 20)
+    assert validate(checkpoint, 27)  # better
+    # one standard error at 27/30 (Laplace-smoothed: 28/32) is 1.8 images
+    assert validate(checkpoint, 26, loss=9.0)  # one image below, later: it replaces the best, whatever its loss
+    assert not validate(checkpoint, 25)  # two images below the best seen (27), not the best kept (26)
+    assert validate(checkpoint, 27)
+    assert checkpoint.best_seen == pytest.approx(0.9)
+    assert accuracy_standard_error(1.0, 30) == pytest.approx(((31 / 32) * (1 / 32) / 30) ** 0.5)
+    assert accuracy_standard_error(0.9, 50_000) < 0.0014  # a large validation split keeps a margin of ~0.1 points
+
+    resumed = checkpoint_callback()
+    resumed.load_state_dict(checkpoint.state_dict())
+    resumed.best_k_models, resumed.kth_best_model_path = dict(checkpoint.best_k_models), "best.ckpt"
+    assert resumed.best_seen == pytest.approx(0.9) and not validate(resumed, 25)  # decides as the uninterrupted run
+
+    nan_check = checkpoint_callback()
+    assert validate(nan_check, 20) and not validate(nan_check, float("nan"))
+    assert not AtomicModelCheckpoint(dirpath=tmp_path, monitor="val/loss", mode="min", within_error=True).within_error
