@@ -6,6 +6,7 @@
     python -m benchmarks.accuracy.run --only folders         # the folder runs below (about 1.5 hours)
     python -m benchmarks.accuracy.run --only folder_digits_3x40_linvit_nano   # one of them (minutes)
     python -m benchmarks.accuracy.run --only folder_digits_10 --seeds 1,2       # more seeds of a set's runs
+    python -m benchmarks.accuracy.run --only folder_digits_10 --test-every-epoch  # and every epoch's test top-1
 
 The folder runs write real and synthetic sets as ImageNet-layout folders (:mod:`benchmarks.accuracy.folders`, into
 ``<log dir>/folders``) and train linvit_nano, resnet18 and efficientvit_b0 (timm) on each with the one command a new
@@ -19,6 +20,10 @@ Each run is ``python train.py <overrides>`` in a subprocess (with ``OMP_WAIT_POL
 ``--seeds``: the runs again with ``seed=<n>`` (initialisation, augmentation and batch order; the folder sets stay the
 same images), recorded as ``<run>_seed<n>``. A 3-class, 40-per-class set tests on 300 images and validates on 30:
 one seed's checkpoint can move a row by 5 points, so RESULTS.md also shows each run's mean over its seeds.
+
+``--test-every-epoch``: each run also tests every validated epoch's weights (:mod:`benchmarks.accuracy.epoch_test`,
+``runs/<run>.epochs.csv``; the training is the same, its wall time recorded without the extra passes), and
+RESULTS.md compares checkpoint-selection rules on those curves (:mod:`benchmarks.accuracy.selection`).
 """
 
 from __future__ import annotations

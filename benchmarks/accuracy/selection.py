@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 Curve = Sequence[dict]
 
 
-def best_accuracy(curve: Curve) -> int:
+def highest(curve: Curve) -> int:
     """linvit's rule before 2026-12-07 (``within_error=false``): the highest validation top-1; a tie goes to the lower
     validation loss."""
     chosen = 0
@@ -66,7 +66,7 @@ def best_of_three(curve: Curve) -> int:
 
 
 RULES: dict[str, Callable[[Curve], int]] = {
-    "highest": best_accuracy,
+    "highest": highest,
     "last": last,
     "lowest loss": lowest_loss,
     "within one error": within_one_error,

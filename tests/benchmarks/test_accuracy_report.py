@@ -5,7 +5,6 @@ splits come from separate strips of each photo."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -59,21 +58,8 @@ def test_seed_runs_are_recorded_apart_and_averaged(here):
     assert "![folder_digits_3x40_linvit_nano_seed1]" not in report
 
 
-def test_a_run_at_another_seed_trains_with_it(here, tmp_path, monkeypatch):
-    calls = []
-
-    def fake_train(command, **kwargs):
-        calls.append(command)
-        run_dir = Path(next(arg for arg in command if arg.startswith("hydra.run.dir=")).split("=", 1)[1])
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.json").write_text(json.dumps({"test/acc1": 0.5, "test/acc5": 1.0}))
-        (run_dir / "learning_curves.png").write_bytes(b"png")
-        (run_dir / "config.yaml").write_text("callbacks:\n  model_checkpoint:\n    within_error: true\n")
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(accuracy.subprocess, "run", fake_train)
-    monkeypatch.setattr(accuracy, "_params", lambda model: 1)
-    monkeypatch.setattr(accuracy, "_write_folder_set", lambda dataset, folders: None)
+def test_a_run_at_another_seed_trains_with_it(here, tmp_path, fake_accuracy_train):
+    calls = fake_accuracy_train
     row = accuracy.run_one(RUN, tmp_path / "logs", [], seed=2)
     assert "seed=2" in calls[0] and any(arg.endswith(f"{RUN}_seed2") for arg in calls[0])
     assert (row["name"], row["run"], row["seed"], row["plot"]) == (f"{RUN}_seed2", RUN, 2, None)

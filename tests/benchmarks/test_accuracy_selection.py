@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +27,7 @@ def _curve(val: list[float], test: list[float], loss: list[float] | None = None,
 
 def test_highest_keeps_the_best_accuracy_and_breaks_ties_by_loss():
     curve = _curve([0.5, 0.9, 0.8, 0.9, 0.9], [0.1, 0.2, 0.3, 0.4, 0.5], loss=[1.0, 0.6, 0.5, 0.4, 0.45])
-    assert selection.best_accuracy(curve) == 3  # 0.9 three times: the lowest loss among them
+    assert selection.highest(curve) == 3  # 0.9 three times: the lowest loss among them
 
 
 def test_within_one_error_takes_the_latest_validation_close_to_the_best():
@@ -126,26 +125,9 @@ def test_the_callback_records_each_validations_test_accuracy(tmp_path):
     assert model.modes == [False] * 4 and model.training  # evaluated in eval mode, left in training mode
 
 
-def test_the_runner_adds_the_callback_only_when_asked(tmp_path, monkeypatch):
+def test_the_runner_adds_the_callback_only_when_asked(tmp_path, monkeypatch, fake_accuracy_train):
     monkeypatch.setattr(accuracy, "HERE", tmp_path)
-    calls = []
-
-    def fake_train(command, **kwargs):
-        calls.append(command)
-        run_dir = Path(next(arg for arg in command if arg.startswith("hydra.run.dir=")).split("=", 1)[1])
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.json").write_text(json.dumps({"test/acc1": 0.5, "test/acc5": 1.0}))
-        (run_dir / "learning_curves.png").write_bytes(b"png")
-        (run_dir / "config.yaml").write_text("callbacks:\n  model_checkpoint:\n    within_error: true\n")
-        if any("epoch_test" in arg for arg in command):
-            (run_dir / "epoch_test.csv").write_text(
-                "epoch,step,val_acc1,val_loss,val_images,test_acc1,test_ema_acc1,seconds\n0,5,0.5,1.0,10,0.4,,2.5\n"
-            )
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(accuracy.subprocess, "run", fake_train)
-    monkeypatch.setattr(accuracy, "_params", lambda model: 1)
-    monkeypatch.setattr(accuracy, "_write_folder_set", lambda dataset, folders: None)
+    calls = fake_accuracy_train
     plain = accuracy.run_one("folder_digits_3x40_linvit_nano", tmp_path / "logs", [])
     assert "epoch_curve" not in plain and not any("epoch_test" in arg for arg in calls[0])
     row = accuracy.run_one("folder_digits_3x40_linvit_nano", tmp_path / "logs", [], every_epoch=True)
