@@ -91,8 +91,9 @@ def test_the_checkpoint_rule_figures_are_the_benchmark_rules_table():
     column = table[0].index("within one error")
     rule = {row[0].split(" (")[0]: row[column] for row in table[1:]}
     text = " ".join(readme_text().split())
-    for folder_set in ("digits_3x40", "fashion_mnist_3x40", "wallpapers_11x60"):
-        pair = f"`{folder_set}`( reads)? {rule[folder_set + '_linvit_nano']} / {rule[folder_set + '_resnet18']}%"
+    for folder_set in ("digits_3x40", "digits_10", "fashion_mnist_3x40", "wallpapers_11x60"):
+        linvit_nano, resnet18 = rule[f"{folder_set}_linvit_nano"], rule[f"{folder_set}_resnet18"]
+        pair = f"`{folder_set}`( reads)?( \\(seed 0\\))? {linvit_nano} / {resnet18}%"
         assert re.search(pair, text), pair
     mean_row = next(row for row in table if row[0] == "mean (runs)")
     highest, within = (float(mean_row[i].split()[0]) for i in (1, column))
