@@ -129,10 +129,10 @@ def table(rows: dict[str, dict]) -> list[str]:
     runs; then how many runs each rule moves up and down against ``highest`` (on the runs it was judged on)."""
     by_run: dict[str, list[dict[str, tuple[int, float]]]] = {}
     for row in rows.values():
-        by_run.setdefault(row.get("run", row["name"]), []).append(chosen_test(row["epoch_curve"]))
+        by_run.setdefault(row["run"], []).append(chosen_test(row["epoch_curve"]))
     names = list(dict.fromkeys(name for seeds in by_run.values() for seed in seeds for name in seed))
     names.sort(key=lambda name: name == "oracle")  # the bound last
-    base = names[0] if names else ""
+    base = "highest"  # every run recorded so far kept this rule's epoch
     lines = ["| run (seeds) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}  # (highest's, the rule's) per run
     for run, seeds in by_run.items():
