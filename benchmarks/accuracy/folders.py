@@ -9,7 +9,7 @@ images each. Every set here installs offline (``/work/shared/datasets.md``):
 - ``wallpapers``: 64-px crops of Debian's KDE wallpapers (``plasma-workspace-wallpapers``), 11 real 2560x1600 photos,
   one class each: which photo is a crop from? Train, val and test crops come from separate vertical strips of each
   photo (the left 60%, the next 20%, the last 20%), so a test crop shows a part of the scene no training crop
-  overlaps. The one real-photo set of at least 64 px: the stride-4 stem and the medium augmentation tier.
+  overlaps. The one real-photo set of at least 64 px: the medium augmentation tier and the centre-crop evaluation.
 
 ``classes`` and ``per_class`` pick a small set out of a larger one: the first ``classes`` classes, the first
 ``per_class`` images of each for ``train`` (then ``val_per_class`` for ``val``, then up to ``test_per_class`` for

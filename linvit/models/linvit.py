@@ -1,7 +1,7 @@
 """LinViT: linvit's own hierarchical linear-attention backbone, for any input resolution.
 
 Convolutional stem (stride 4) -> four stages at strides 4/8/16/32 -> LayerNorm -> classifier head. For images under
-64 px the stem may take stride 2 (``stem_stride=2``: stages at 2/4/8/16, the same parameters).
+128 px the stem may take stride 2 (``stem_stride=2``: stages at 2/4/8/16, the same parameters).
 Each stage: a 3x3 stride-2 convolutional downsample (stages 2-4), then pre-norm transformer blocks with a
 convolutional position encoding (depthwise 3x3, residual) before each block. The attention of each stage is chosen by
 name (``linvit.attention.create_attention``): by default focused linear attention with depthwise-conv enhancement in
@@ -62,7 +62,7 @@ class LinViT(PretrainedFileMixin, ClassifierHeadMixin, StagedBackbone):
         window_size: window of the windowed stages.
         mlp_ratio, qkv_bias, drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as in timm's ViTs.
         cpe_kernel_size: depthwise kernel of the position encoding before each block (``None`` = none).
-        stem_stride: 4 (stages at strides 4/8/16/32) or 2 (2/4/8/16: four times the tokens, for images under 64 px;
+        stem_stride: 4 (stages at strides 4/8/16/32) or 2 (2/4/8/16: four times the tokens, for images under 128 px;
             training on a folder of such images chooses it, ``auto.small_image_stem``). No parameter depends on it,
             so weights load either way: a model is rebuilt with the stride it was trained at (its config.json).
         img_size: sizes a learnable positional table where a stage asks for one; nothing else depends on it.

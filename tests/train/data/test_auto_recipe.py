@@ -272,8 +272,8 @@ def test_only_an_auto_batch_scales_the_lr(tmp_path, overrides, lr):
 
 
 def test_the_stem_stride_follows_the_input_size():
-    assert [auto_stem_stride(side).value for side in (16, 32, 63, 64, 224)] == [2, 2, 2, 4, 4]
-    assert auto_stem_stride([32, 96]).value == 2 and auto_stem_stride((64, 80)).value == 4  # the shorter side
+    assert [auto_stem_stride(side).value for side in (16, 32, 64, 96, 127, 128, 224)] == [2, 2, 2, 2, 2, 4, 4]
+    assert auto_stem_stride([64, 160]).value == 2 and auto_stem_stride((128, 160)).value == 4  # the shorter side
 
 
 def _stem_choice(tmp_path, overrides, run_dir=None):
@@ -289,8 +289,9 @@ def _stem_choice(tmp_path, overrides, run_dir=None):
 
 @pytest.mark.parametrize(
     "overrides, stride",
-    [([], 2), (["data.img_size=64"], 4), (["+model.model_kwargs.stem_stride=4"], 4), (["auto.small_image_stem=false"],
-     None), (["model=timm", "model.model_name=convnext_atto"], None), (["model=flatten_pvt_tiny"], None)],
+    [([], 2), (["data.img_size=64"], 2), (["data.img_size=128"], 4), (["+model.model_kwargs.stem_stride=4"], 4),
+     (["auto.small_image_stem=false"], None), (["model=timm", "model.model_name=convnext_atto"], None),
+     (["model=flatten_pvt_tiny"], None)],
 )  # fmt: skip
 def test_folder_data_of_small_images_gives_linvit_a_stride_two_stem(tmp_path, overrides, stride):
     """Only linvit's own models, only where nothing set it: ConvNeXt's stem_stride is timm's, not this rule's."""
