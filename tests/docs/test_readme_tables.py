@@ -70,18 +70,22 @@ def test_accuracy_table_is_the_benchmark_results():
 
 def test_folder_accuracy_table_is_the_benchmark_results():
     """Each cell of the README's folder table is a mean of RESULTS.md's seeds table, or (marked "seed 0") a row of
-    its first table: the README restates the benchmark, never a number of its own."""
+    its first table, and its rule cell the `best.ckpt` rule of those runs ("X / Y" where the two models' differ):
+    the README restates the benchmark, never a number of its own."""
     results = (REPO / "benchmarks" / "accuracy" / "RESULTS.md").read_text()
-    first = {row[0]: row[2] for row in markdown_table("| run |", results)[1:]}
+    first = {row[0]: row for row in markdown_table("| run |", results)[1:]}
     means = {row[0]: row[3] for row in markdown_table("| run | seeds |", results)[1:]}
     rows = markdown_table("| folder set |")[1:]
     assert len(rows) >= 5
     for row in rows:
         folder_set = re.match(r"`([^`]+)`", row[0]).group(1)
+        rules = []
         for cell, model in ((row[1], "linvit_nano"), (row[2], "resnet18")):
             run = f"folder_{folder_set}_{model}"
             value, seed0 = re.fullmatch(r"(?:\*\*)?([\d.]+%)( \(seed 0\))?(?:\*\*)?", cell).groups()
-            assert value == (first[run] if seed0 else means[run]), run
+            assert value == (first[run][2] if seed0 else means[run]), run
+            rules.append(first[run][-1])
+        assert row[3] == (rules[0] if rules[0] == rules[1] else " / ".join(rules)), folder_set
 
 
 def test_the_checkpoint_rule_figures_are_the_benchmark_rules_table():
