@@ -10,7 +10,7 @@ from linvit.ops.onednn import conv2d, onednn_ready, watched
 
 class ConvStem(nn.Module):
     """Two 3x3 convolutions (BatchNorm + GELU between them), then BatchNorm: both at stride 2 (``stride=4``), or the
-    first at stride 1 (``stride=2``: for images under 128 px, where a stride-4 stem leaves a 32-px image 8x8 tokens).
+    first at stride 1 (``stride=2``: for images under 128 px, where a stride-4 stem leaves a first map under 32x32).
 
     Any input size works: each convolution pads by one and rounds up, so the output is ceil(H / s) x ceil(W / s).
     The output is returned in channels-last memory, so the blocks that follow can view it as (B, N, C) tokens
