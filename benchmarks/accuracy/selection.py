@@ -132,7 +132,7 @@ def table(rows: dict[str, dict]) -> list[str]:
         by_run.setdefault(row["run"], []).append(chosen_test(row["epoch_curve"]))
     names = list(dict.fromkeys(name for seeds in by_run.values() for seed in seeds for name in seed))
     names.sort(key=lambda name: name == "oracle")  # the bound last
-    base = "highest"  # every run recorded so far kept this rule's epoch
+    base = "highest"  # the default before 2026-12-07: each rule is judged against it on the same runs
     lines = ["| run (seeds) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}  # (highest's, the rule's) per run
     for run, seeds in by_run.items():
